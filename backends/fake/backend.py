@@ -1,0 +1,132 @@
+"""The fake backend's discovery and health watching (see the package docstring for the contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import yaml
+from attrs import frozen
+
+from cdiplug.backend import SnapshotSink
+from cdiplug.config import ResourceConfig
+from cdiplug.errors import ConfigError
+from cdiplug.filewatch import FolderWatch
+from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.resource_names import resource_class
+from cdiplug.world import World
+
+log = logging.getLogger(__name__)
+
+MAX_COUNT = 65536
+
+
+@frozen
+class FakeOptions:
+    count: int = 2
+    numa_nodes: tuple[int, ...] = ()
+    health_file: Path | None = None
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not 0 <= self.count <= MAX_COUNT:
+            yield "count", f"must be between 0 and {MAX_COUNT}, got {self.count}"
+        for i, node in enumerate(self.numa_nodes):
+            if node < 0:
+                yield f"numa_nodes[{i}]", f"a NUMA node is 0 or more, got {node}"
+
+
+def env_prefix(resource: str) -> str:
+    """``example.com/fpga`` -> ``FAKE_FPGA``."""
+    return "FAKE_" + re.sub(r"[^A-Za-z0-9]", "_", resource_class(resource)).upper()
+
+
+def read_health_file(path: Path) -> Mapping[str, Health]:
+    """Parse the health file; a missing file means every device is Healthy.
+
+    Raises ConfigError naming the file and the entry for anything else that is wrong.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read health file: {exc.strerror}", "$", str(path)) from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"health file is not valid YAML/JSON: {exc}", "$", str(path)) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("health file must map device IDs to Healthy or Unhealthy", "$", str(path))
+    health: dict[str, Health] = {}
+    for key, value in data.items():
+        try:
+            health[str(key)] = Health(value)
+        except ValueError:
+            raise ConfigError(f"health must be Healthy or Unhealthy, got {value!r}", f"$.{key}", str(path)) from None
+    return health
+
+
+class FakeBackend:
+    """Serves every resource configured with ``backend: fake``."""
+
+    def __init__(self, resources: Sequence[ResourceConfig], world: World) -> None:
+        self.resources = tuple(resources)
+        self.world = world
+
+    def snapshot(self, resource: ResourceConfig, health: Mapping[str, Health]) -> DeviceSnapshot:
+        opts: FakeOptions = resource.options
+        cls = resource_class(resource.name)
+        prefix = env_prefix(resource.name)
+        devices = []
+        for i in range(opts.count):
+            device_id = f"{cls}-{i}"
+            numa = (opts.numa_nodes[i % len(opts.numa_nodes)],) if opts.numa_nodes else ()
+            devices.append(
+                Device(
+                    id=device_id,
+                    health=health.get(device_id, Health.HEALTHY),
+                    numa_nodes=numa,
+                    edits=ContainerEdits(env={f"{prefix}_DEVICE_{i}": device_id}),
+                    attributes={"model": f"fake {cls}"},
+                )
+            )
+        return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{prefix}_DEVICES")
+
+    async def run(self, sink: SnapshotSink) -> None:
+        for resource in self.resources:
+            sink.publish(self.snapshot(resource, await self._health(resource) or {}))
+        watched = [r for r in self.resources if r.options.health_file is not None]
+        await asyncio.gather(*(self._watch(r, sink) for r in watched))
+
+    async def _health(self, resource: ResourceConfig) -> Mapping[str, Health] | None:
+        """The health file's content, or None when it is broken (logged; the caller keeps the last state)."""
+        path = resource.options.health_file
+        if path is None:
+            return {}
+        try:
+            return await asyncio.to_thread(read_health_file, path)
+        except ConfigError as exc:
+            # A half-edited file must not take devices down or the daemon with it: say why, go on.
+            log.error("ignoring health file: %s", exc, extra={"resource": resource.name})
+            return None
+
+    async def _watch(self, resource: ResourceConfig, sink: SnapshotSink) -> None:
+        path: Path = resource.options.health_file
+        last = None
+        async with FolderWatch(path.parent) as watch:
+            async for names in watch:
+                if path.name not in names and "." not in names:
+                    continue
+                health = await self._health(resource)
+                if health is None:
+                    continue
+                snap = self.snapshot(resource, health)
+                if snap != last:
+                    last = snap
+                    sink.publish(snap)

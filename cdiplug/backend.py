@@ -1,0 +1,129 @@
+"""What a backend is: a small discovery protocol, optional abilities, and how backends are found.
+
+A backend is created once for all the resources that name it (so "first resource that selects a
+device wins" can be decided in one place). It publishes whole :class:`DeviceSnapshot` objects, one
+per resource, to a :class:`SnapshotSink`: once at start, then again whenever anything changes. The
+core diffs them; a backend never talks gRPC.
+
+Optional abilities are separate protocols, looked up once per backend by :func:`abilities_of`.
+Backends are found through the ``cdiplug.backends`` entry point group, whose objects are
+:class:`BackendPlugin` values. This module never imports the ``backends`` package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from attrs import frozen
+
+from .model import Device, DeviceSnapshot, PreferredRequest
+from .world import World
+
+if TYPE_CHECKING:
+    from .config import ResourceConfig
+
+ENTRY_POINT_GROUP = "cdiplug.backends"
+
+
+class SnapshotSink(Protocol):
+    """Where a backend sends its snapshots. Safe to call from the event loop only."""
+
+    def publish(self, snapshot: DeviceSnapshot) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Discovery and watching.
+
+    ``run`` publishes a snapshot for every one of its resources promptly (an empty one when nothing
+    is found), then a new one for a resource whenever its devices, health or topology change, and
+    runs until cancelled. Blocking calls (sysfs, NVML) go through ``asyncio.to_thread``. It raises
+    :class:`~cdiplug.errors.BackendError` only when it cannot go on at all.
+    """
+
+    async def run(self, sink: SnapshotSink) -> None: ...
+
+
+@runtime_checkable
+class Preparer(Protocol):
+    """Makes devices ready for a container (bind to vfio-pci). Idempotent: ready devices are a no-op.
+
+    The allocator calls it one group at a time; it raises PreparationError (or DeviceInUse).
+    """
+
+    async def prepare(self, resource: str, devices: Sequence[Device]) -> None: ...
+
+
+@runtime_checkable
+class PreferredAllocator(Protocol):
+    """A backend's own choice for GetPreferredAllocation; None falls back to the core policy."""
+
+    def preferred_allocation(
+        self, resource: str, snapshot: DeviceSnapshot, request: PreferredRequest
+    ) -> Sequence[str] | None: ...
+
+
+@runtime_checkable
+class PairwiseAffinity(Protocol):
+    """How well two devices work together (NVLink, PCIe distance); higher is better, 0 is neutral.
+
+    The core preferred-allocation policy adds it up over every pair in a candidate set.
+    """
+
+    def affinity(self, resource: str, a: Device, b: Device) -> float: ...
+
+
+@runtime_checkable
+class PreStarter(Protocol):
+    """Work to do right before a container starts (PreStartContainer); raises PreparationError."""
+
+    async def pre_start(self, resource: str, devices: Sequence[Device]) -> None: ...
+
+
+@frozen
+class Abilities:
+    """The optional abilities of one backend, found once when it is created."""
+
+    preparer: Preparer | None = None
+    preferred: PreferredAllocator | None = None
+    affinity: PairwiseAffinity | None = None
+    pre_starter: PreStarter | None = None
+
+
+def abilities_of(backend: Backend) -> Abilities:
+    return Abilities(
+        preparer=backend if isinstance(backend, Preparer) else None,
+        preferred=backend if isinstance(backend, PreferredAllocator) else None,
+        affinity=backend if isinstance(backend, PairwiseAffinity) else None,
+        pre_starter=backend if isinstance(backend, PreStarter) else None,
+    )
+
+
+BackendFactory = Callable[[Sequence["ResourceConfig"], World], Backend]
+
+
+@frozen
+class BackendPlugin:
+    """What a backend package exports under the ``cdiplug.backends`` entry point group.
+
+    ``options_type`` is an attrs class the core structures each resource's ``options`` into (with
+    the one converter of ``cdiplug.config``, unknown keys forbidden). ``create`` builds one backend
+    for all the resources that name this plugin.
+    """
+
+    name: str
+    options_type: type
+    create: BackendFactory
+
+
+def load_plugins() -> Mapping[str, BackendPlugin]:
+    """Every installed backend plugin by name. Broken plugins fail loudly, naming the entry point."""
+    found: dict[str, BackendPlugin] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        plugin = ep.load()
+        if not isinstance(plugin, BackendPlugin):
+            raise TypeError(f"entry point {ep.name} = {ep.value} is not a cdiplug.backend.BackendPlugin")
+        found[ep.name] = plugin
+    return found

@@ -1,0 +1,1 @@
+"""Container Device Interface: the spec model, names, versions, the writer and validation."""

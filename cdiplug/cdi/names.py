@@ -1,0 +1,65 @@
+"""CDI names: kinds (``vendor/class``), device names and qualified names, by the CDI rules.
+
+Vendor and class start with a letter and end with a letter or digit, with letters, digits and
+``_ - .`` inside. Device names start and end with a letter or digit, with ``_ - . :`` inside.
+Device IDs that are not valid names are mapped to one deterministically (:func:`device_name`), so
+a name never carries a ``/`` or ``..`` that could leave the CDI folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from ..errors import CdiNameError
+
+_VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+def kind_problem(kind: str) -> str | None:
+    vendor, sep, cls = kind.partition("/")
+    if not sep or "/" in cls:
+        return f"CDI kind {kind!r} must be vendor/class"
+    if not _VENDOR_OR_CLASS.match(vendor):
+        return f"CDI kind {kind!r}: vendor {vendor!r} must start with a letter, end with a letter or digit, and hold only letters, digits, '_', '-', '.'"
+    if not _VENDOR_OR_CLASS.match(cls):
+        return f"CDI kind {kind!r}: class {cls!r} must start with a letter, end with a letter or digit, and hold only letters, digits, '_', '-', '.'"
+    return None
+
+
+def check_kind(kind: str) -> str:
+    problem = kind_problem(kind)
+    if problem:
+        raise CdiNameError(problem)
+    return kind
+
+
+def device_name_problem(name: str) -> str | None:
+    if not _DEVICE.match(name):
+        return f"CDI device name {name!r} must start and end with a letter or digit and hold only letters, digits, '_', '-', '.', ':'"
+    return None
+
+
+def device_name(device_id: str) -> str:
+    """The CDI device name for a device ID: the ID itself when valid, else a stable mapped name.
+
+    The mapped name keeps the safe characters and adds a short hash of the original, so two IDs
+    never map to the same name.
+    """
+    if _DEVICE.match(device_id):
+        return device_id
+    cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", device_id).strip("_.:-") or "dev"
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
+    return f"{cleaned}-{digest}"
+
+
+def qualified_name(kind: str, name: str) -> str:
+    return f"{kind}={name}"
+
+
+def spec_file_name(kind: str) -> str:
+    """``example.com/fpga`` -> ``cdiplug-example.com-fpga.json``. The kind must be valid (no path parts)."""
+    check_kind(kind)
+    vendor, _, cls = kind.partition("/")
+    return f"cdiplug-{vendor}-{cls}.json"

@@ -1,0 +1,94 @@
+"""The ``cdiplug`` command line: one subcommand per module in this package.
+
+Each module here defines ``register(subparsers)``, which adds its subcommand(s) and sets ``func``
+(``func(args) -> int``) on the parser. Modules are found by listing the package, so adding a
+subcommand touches no shared file. Every flag also reads ``CDIPLUG_<FLAG>`` from the environment;
+a flag on the command line wins. Exit status 2 means bad arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..world import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_STATE_DIR, World
+
+EXIT_USAGE = 2
+
+
+def env_default(flag: str, default: str | None = None) -> str | None:
+    """The default of ``--some-flag``: ``$CDIPLUG_SOME_FLAG`` when set, else ``default``."""
+    return os.environ.get("CDIPLUG_" + flag.lstrip("-").replace("-", "_").upper(), default)
+
+
+def add_option(parser: argparse.ArgumentParser, flag: str, default: str | None = None, **kwargs: object) -> None:
+    """Add ``flag`` whose default comes from its environment variable, then ``default``."""
+    env = "CDIPLUG_" + flag.lstrip("-").replace("-", "_").upper()
+    help_text = str(kwargs.pop("help", ""))
+    help_text += f" (env {env}" + (f"; default {default})" if default is not None else ")")
+    parser.add_argument(flag, default=env_default(flag, default), help=help_text, **kwargs)  # type: ignore[arg-type]
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    add_option(parser, "--config", help="configuration file (YAML); without it, the built-in default")
+
+
+def add_world_options(parser: argparse.ArgumentParser) -> None:
+    """The folders of DESIGN.md's command-line contract."""
+    add_option(parser, "--kubelet-dir", str(DEFAULT_KUBELET_DIR), help="kubelet device-plugin folder")
+    add_option(parser, "--cdi-dir", str(DEFAULT_CDI_DIR), help="folder for CDI specs")
+    add_option(parser, "--state-dir", str(DEFAULT_STATE_DIR), help="folder for cdiplug's own state")
+    add_option(parser, "--sysfs-root", "/sys", help="where sysfs is mounted")
+    add_option(parser, "--dev-root", "/", help="root under which /dev paths are looked up")
+    add_option(parser, "--pod-resources-socket", str(DEFAULT_POD_RESOURCES_SOCKET), help="kubelet pod-resources socket")
+
+
+def world_from_args(args: argparse.Namespace) -> World:
+    return World(
+        kubelet_dir=Path(args.kubelet_dir),
+        cdi_dir=Path(args.cdi_dir),
+        state_dir=Path(args.state_dir),
+        sysfs_root=Path(args.sysfs_root),
+        dev_root=Path(args.dev_root),
+        pod_resources_socket=Path(args.pod_resources_socket),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdiplug", description="Kubernetes device plugin daemon with CDI support")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(sub)
+    return parser
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"cdiplug {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

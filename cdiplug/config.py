@@ -1,0 +1,229 @@
+"""Configuration: the YAML file of DESIGN.md, structured by one cattrs converter.
+
+Unknown keys are errors, scalars are not coerced (``count: "2"`` is an error, not 2), and every
+error names the field path and the file: ``expected int @ $.resources[1].options.count (in
+/etc/cdiplug/config.yaml)``. Each backend's ``options`` are structured into the attrs class its
+plugin declares, with the same converter, so backends get the same strictness and messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import enum
+
+import attrs
+import cattrs
+import yaml
+from attrs import field, frozen
+
+from .backend import BackendPlugin, load_plugins
+from .cdi.names import kind_problem
+from .errors import BackendNotFound, ConfigError
+from .model import DEFAULT_ALLOCATE, AllocatePart
+from .resource_names import extended_resource_problem, socket_name
+
+converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+
+def _strict(kind: type | tuple[type, ...], label: str) -> Any:
+    def hook(value: Any, _type: Any) -> Any:
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise ValueError(f"expected {label}, got a boolean")
+        if not isinstance(value, kind):
+            raise ValueError(f"expected {label}, got {type(value).__name__} {value!r}")
+        return value
+
+    return hook
+
+
+converter.register_structure_hook(int, _strict(int, "an integer"))
+converter.register_structure_hook(str, _strict(str, "a string"))
+converter.register_structure_hook(bool, _strict(bool, "true or false"))
+converter.register_structure_hook(float, lambda v, t: float(_strict((int, float), "a number")(v, t)))
+converter.register_structure_hook(Path, lambda v, t: Path(_strict(str, "a path")(v, t)))
+
+
+def register_enum(cls: type[enum.Enum]) -> None:
+    """Structure ``cls`` from its values only, naming them in the error (str enums need this:
+    the strict ``str`` hook would otherwise take them)."""
+
+    def hook(value: Any, _type: Any) -> enum.Enum:
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"expected one of {allowed}, got {value!r}") from None
+
+    converter.register_structure_hook(cls, hook)
+
+
+register_enum(AllocatePart)
+
+
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return cattrs.v.format_exception(exc, type_)
+
+
+@frozen
+class _RawResource:
+    name: str
+    backend: str
+    options: dict[str, Any] = attrs.Factory(dict)
+    cdi_kind: str | None = None
+    allocate: tuple[AllocatePart, ...] | None = None
+    replicas: int = 1
+
+
+@frozen
+class _RawConfig:
+    resources: tuple[_RawResource, ...]
+
+
+@frozen
+class ResourceConfig:
+    """One extended resource: its name, the backend serving it and that backend's typed options."""
+
+    name: str
+    backend: str
+    options: Any = field(eq=True)
+    cdi_kind: str = ""
+    allocate: frozenset[AllocatePart] = DEFAULT_ALLOCATE
+    replicas: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        if not self.cdi_kind:
+            object.__setattr__(self, "cdi_kind", self.name)
+
+    @property
+    def socket_name(self) -> str:
+        return socket_name(self.name)
+
+    def sends(self, part: AllocatePart) -> bool:
+        return part in self.allocate
+
+
+@frozen
+class Config:
+    resources: tuple[ResourceConfig, ...]
+    source: str = field(default="<built-in default>", eq=False)
+
+    def by_name(self) -> Mapping[str, ResourceConfig]:
+        return {r.name: r for r in self.resources}
+
+
+DEFAULT_CONFIG_YAML = """\
+# The built-in default: two fake FPGAs, no hardware needed.
+resources:
+  - name: example.com/fpga
+    backend: fake
+    options: {count: 2}
+"""
+
+
+def _errors(exc: Exception, path: str, source: str) -> ConfigError:
+    """The first problem cattrs found, as a ConfigError; the others are appended to the message."""
+    first, *rest = cattrs.transform_error(exc, path=path, format_exception=_format_exception)
+    message, _, where = first.rpartition(" @ ")
+    err = ConfigError(message or first, where or path, source)
+    if rest:
+        err.args = ("; ".join([str(err), *rest]),)
+    return err
+
+
+def structure_options(options_type: type, raw: Mapping[str, Any], path: str, source: str) -> Any:
+    """Structure a backend's options mapping; errors carry ``path`` (``$.resources[1].options``).
+
+    After structuring, an options class may check values across fields: a ``problems()`` method
+    yields ``(field, message)`` pairs, reported as ``message @ path.field``.
+    """
+    try:
+        options = converter.structure(dict(raw), options_type)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        raise _errors(exc, path, source) from exc
+    for name, problem in getattr(options, "problems", lambda: ())():
+        raise ConfigError(problem, f"{path}.{name}", source)
+    return options
+
+
+def parse_config(
+    data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin] | None = None
+) -> Config:
+    """Turn already-loaded YAML data into a checked :class:`Config`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("the configuration must be a mapping with a 'resources' list", "$", source)
+    try:
+        raw = converter.structure(data, _RawConfig)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        raise _errors(exc, "$", source) from exc
+    if not raw.resources:
+        raise ConfigError("at least one resource is needed", "$.resources", source)
+    plugins = load_plugins() if plugins is None else plugins
+
+    resources: list[ResourceConfig] = []
+    seen_names: dict[str, int] = {}
+    seen_kinds: dict[str, int] = {}
+    for i, r in enumerate(raw.resources):
+        at = f"$.resources[{i}]"
+        problem = extended_resource_problem(r.name)
+        if problem:
+            raise ConfigError(problem, f"{at}.name", source)
+        if r.name in seen_names:
+            raise ConfigError(f"resource {r.name!r} is already defined at $.resources[{seen_names[r.name]}]", f"{at}.name", source)
+        seen_names[r.name] = i
+        kind = r.cdi_kind or r.name
+        problem = kind_problem(kind)
+        if problem:
+            raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
+        if kind in seen_kinds:
+            raise ConfigError(f"CDI kind {kind!r} is already used by $.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source)
+        seen_kinds[kind] = i
+        if r.replicas < 1:
+            raise ConfigError(f"replicas must be at least 1, got {r.replicas}", f"{at}.replicas", source)
+        if r.allocate is not None and not r.allocate:
+            raise ConfigError("allocate must name at least one part", f"{at}.allocate", source)
+        plugin = plugins.get(r.backend)
+        if plugin is None:
+            known = ", ".join(sorted(plugins)) or "none installed"
+            raise BackendNotFound(f"unknown backend {r.backend!r} (known: {known})", f"{at}.backend", source)
+        options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
+        resources.append(
+            ResourceConfig(
+                name=r.name,
+                backend=r.backend,
+                options=options,
+                cdi_kind=kind,
+                allocate=frozenset(r.allocate) if r.allocate is not None else DEFAULT_ALLOCATE,
+                replicas=r.replicas,
+            )
+        )
+    return Config(resources=tuple(resources), source=source)
+
+
+def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
+    """Read and check the config file, or the built-in default when ``path`` is None."""
+    if path is None:
+        return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "<built-in default>", plugins)
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration: {exc.strerror}", "$", source) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", "$", source) from exc
+    return parse_config(data, source, plugins)
+
+
+def group_by_backend(resources: Sequence[ResourceConfig]) -> Mapping[str, tuple[ResourceConfig, ...]]:
+    groups: dict[str, list[ResourceConfig]] = {}
+    for r in resources:
+        groups.setdefault(r.backend, []).append(r)
+    return {k: tuple(v) for k, v in groups.items()}

@@ -1,0 +1,208 @@
+"""The device model: frozen value objects that flow between backends, the core and the gRPC edge.
+
+A backend describes what it found as a :class:`DeviceSnapshot` per resource: every device with its
+health, NUMA nodes and the container edits (device nodes, mounts, env) a container needs to use it,
+plus edits common to the whole resource. The core diffs snapshots, the allocator turns requested
+devices into a :class:`ContainerAllocation`, and only ``cdiplug.server`` turns that into protobuf.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+
+class Health(str, enum.Enum):
+    """Device health as the kubelet spells it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+class AllocatePart(str, enum.Enum):
+    """Which parts of an Allocate answer a resource sends (config key ``allocate``)."""
+
+    CDI_CRI = "cdi-cri"  # ContainerAllocateResponse.cdi_devices
+    DEVICE_SPECS = "device-specs"  # classic DeviceSpecs
+    ENVVAR = "envvar"  # env vars
+    CDI_ANNOTATIONS = "cdi-annotations"  # cdi.k8s.io/... annotations for older runtimes
+    MOUNTS = "mounts"  # classic mounts
+
+
+DEFAULT_ALLOCATE: frozenset[AllocatePart] = frozenset(AllocatePart) - {AllocatePart.CDI_ANNOTATIONS}
+
+
+def _env_tuple(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple((str(k), str(v)) for k, v in items)
+
+
+def _sorted_ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted({int(v) for v in value}))
+
+
+@frozen
+class DeviceNode:
+    """A device node a container gets: ``path`` inside the container, ``host_path`` when it differs.
+
+    ``permissions`` are cgroup permissions (``r``, ``w``, ``m``). ``type``/``major``/``minor`` are
+    optional hints for CDI; runtimes read them from the host node when absent.
+    """
+
+    path: str
+    host_path: str | None = None
+    permissions: str = "rw"
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+
+    @property
+    def source(self) -> str:
+        return self.host_path or self.path
+
+
+@frozen
+class Mount:
+    """A bind mount: ``host_path`` on the node to ``container_path`` in the container."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+    options: tuple[str, ...] = field(default=(), converter=tuple)
+    type: str | None = None
+
+
+@frozen
+class Hook:
+    """An OCI hook (CDI only: the classic answer has no hooks)."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = field(default=(), converter=tuple)
+    env: tuple[str, ...] = field(default=(), converter=tuple)
+    timeout: int | None = None
+
+
+@frozen
+class ContainerEdits:
+    """What a container needs to use a device: env, device nodes, mounts, hooks, extra groups."""
+
+    env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple)
+    mounts: tuple[Mount, ...] = field(default=(), converter=tuple)
+    hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
+    additional_gids: tuple[int, ...] = field(default=(), converter=tuple)
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts or self.hooks or self.additional_gids)
+
+    def merge(self, other: ContainerEdits) -> ContainerEdits:
+        """Both edits together; later env wins, duplicates (same node, same mount) are kept once."""
+        return ContainerEdits(
+            env=dict([*self.env, *other.env]),
+            device_nodes=_unique(self.device_nodes + other.device_nodes, key=lambda n: n.path),
+            mounts=_unique(self.mounts + other.mounts, key=lambda m: m.container_path),
+            hooks=_unique(self.hooks + other.hooks, key=lambda h: h),
+            additional_gids=tuple(dict.fromkeys(self.additional_gids + other.additional_gids)),
+        )
+
+
+def _unique(items: tuple[Any, ...], key: Any) -> tuple[Any, ...]:
+    seen: dict[Any, Any] = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return tuple(seen.values())
+
+
+@frozen
+class Device:
+    """One device of a resource as a backend sees it.
+
+    ``numa_nodes`` is empty when the topology is unknown (never a made-up node 0).
+    ``prepare_group`` names the unit that preparation works on (an IOMMU group, say): devices with
+    the same group are prepared together and one at a time. ``attributes`` are descriptive
+    (vendor, model, driver) for people and logs; they take part in equality, so a change there
+    (a driver rebound) is a change of the device.
+    """
+
+    id: str
+    health: Health = Health.HEALTHY
+    numa_nodes: tuple[int, ...] = field(default=(), converter=_sorted_ints)
+    edits: ContainerEdits = ContainerEdits()
+    prepare_group: str | None = None
+    attributes: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is Health.HEALTHY
+
+    def attribute(self, name: str, default: str | None = None) -> str | None:
+        return dict(self.attributes).get(name, default)
+
+
+@frozen
+class DeviceSnapshot:
+    """Everything a backend knows about one resource at one moment.
+
+    ``common_edits`` apply to any allocation of the resource (``/dev/vfio/vfio``,
+    ``/dev/nvidiactl``). ``ids_env``, when set, names the env var that carries the comma-joined IDs
+    of the allocated devices. ``skipped`` lists devices the backend found but will not advertise,
+    with the reason (shown by ``cdiplug discover``).
+    """
+
+    resource: str
+    devices: tuple[Device, ...] = field(default=(), converter=lambda ds: tuple(sorted(ds, key=lambda d: d.id)))
+    common_edits: ContainerEdits = ContainerEdits()
+    ids_env: str | None = None
+    skipped: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple, eq=False)
+    _index: Mapping[str, Device] = field(init=False, repr=False, eq=False, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        index = {d.id: d for d in self.devices}
+        if len(index) != len(self.devices):
+            dupes = sorted({d.id for d in self.devices if sum(e.id == d.id for e in self.devices) > 1})
+            raise ValueError(f"resource {self.resource}: duplicate device IDs {', '.join(dupes)}")
+        object.__setattr__(self, "_index", index)
+
+    def get(self, device_id: str) -> Device | None:
+        return self._index.get(device_id)
+
+    def __contains__(self, device_id: object) -> bool:
+        return device_id in self._index
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(self._index)
+
+    def healthy_count(self) -> int:
+        return sum(d.healthy for d in self.devices)
+
+    def with_devices(self, devices: Iterable[Device]) -> DeviceSnapshot:
+        return attrs.evolve(self, devices=tuple(devices))
+
+
+@frozen
+class PreferredRequest:
+    """One container's GetPreferredAllocation request, IDs as advertised."""
+
+    available: tuple[str, ...] = field(converter=tuple)
+    must_include: tuple[str, ...] = field(default=(), converter=tuple)
+    size: int = 0
+
+
+@frozen
+class ContainerAllocation:
+    """The answer for one container request, before it becomes a ContainerAllocateResponse."""
+
+    device_ids: tuple[str, ...] = field(converter=tuple)
+    env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    device_specs: tuple[DeviceNode, ...] = field(default=(), converter=tuple)
+    mounts: tuple[Mount, ...] = field(default=(), converter=tuple)
+    cdi_devices: tuple[str, ...] = field(default=(), converter=tuple)
+    annotations: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
