@@ -12,7 +12,7 @@ Backends are found through the ``cdiplug.backends`` entry point group, whose obj
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -118,12 +118,36 @@ class BackendPlugin:
     create: BackendFactory
 
 
-def load_plugins() -> Mapping[str, BackendPlugin]:
-    """Every installed backend plugin by name. Broken plugins fail loudly, naming the entry point."""
-    found: dict[str, BackendPlugin] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        plugin = ep.load()
-        if not isinstance(plugin, BackendPlugin):
-            raise TypeError(f"entry point {ep.name} = {ep.value} is not a cdiplug.backend.BackendPlugin")
-        found[ep.name] = plugin
-    return found
+class PluginRegistry(Mapping[str, BackendPlugin]):
+    """Installed backend plugins by name, each imported only when first asked for.
+
+    So a node without NVML never imports the NVIDIA backend unless a resource names it. A broken
+    plugin fails loudly, naming its entry point.
+    """
+
+    def __init__(self, plugins: Mapping[str, BackendPlugin] | None = None) -> None:
+        self._loaded: dict[str, BackendPlugin] = dict(plugins or {})
+        self._entry_points = {} if plugins is not None else {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+    def __getitem__(self, name: str) -> BackendPlugin:
+        if name not in self._loaded:
+            ep = self._entry_points[name]
+            plugin = ep.load()
+            if not isinstance(plugin, BackendPlugin):
+                raise TypeError(f"entry point {ep.name} = {ep.value} is not a cdiplug.backend.BackendPlugin")
+            self._loaded[name] = plugin
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted({*self._loaded, *self._entry_points}))
+
+    def __len__(self) -> int:
+        return len({*self._loaded, *self._entry_points})
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in self._entry_points
+
+
+def load_plugins() -> PluginRegistry:
+    """Every installed backend plugin, found through the ``cdiplug.backends`` entry point group."""
+    return PluginRegistry()

@@ -186,11 +186,10 @@ def parse_config(
             raise ConfigError(f"replicas must be at least 1, got {r.replicas}", f"{at}.replicas", source)
         if r.allocate is not None and not r.allocate:
             raise ConfigError("allocate must name at least one part", f"{at}.allocate", source)
-        plugin = plugins.get(r.backend)
-        if plugin is None:
+        if r.backend not in plugins:
             known = ", ".join(sorted(plugins)) or "none installed"
             raise BackendNotFound(f"unknown backend {r.backend!r} (known: {known})", f"{at}.backend", source)
-        options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
+        options = structure_options(plugins[r.backend].options_type, r.options, f"{at}.options", source)
         resources.append(
             ResourceConfig(
                 name=r.name,
