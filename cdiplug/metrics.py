@@ -1,0 +1,347 @@
+"""Metrics and health: Prometheus counters the daemon updates, and the HTTP endpoints that show them.
+
+:class:`Metrics` always exists in the daemon; the HTTP server runs only when ``--metrics-address``
+is given (``async with metrics.serve("0.0.0.0:9100") as server``). It serves
+
+- ``/metrics``: the Prometheus exposition of this object's own registry (never the global one, so
+  two daemons in one test process do not collide),
+- ``/healthz``: 200 when the asyncio event loop answers within ``health_timeout`` seconds. The HTTP
+  server runs in a thread so that it can tell a stuck loop from a live one; it asks the loop with
+  ``run_coroutine_threadsafe`` and waits with a deadline,
+- ``/readyz``: 200 when every configured resource (:meth:`Metrics.configure`) is registered with the
+  kubelet, else 503 listing those that are not.
+
+The boundary: this module counts and serves; the daemon decides when something happened. The
+recording methods are called from the event loop on hot paths (Allocate), so each resource's label
+children are looked up once and cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Generator, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from attrs import frozen
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+from .errors import CdiplugError, ConfigError
+
+log = logging.getLogger(__name__)
+
+# Allocate is milliseconds for the fake backend and up to seconds when a device is bound to
+# vfio-pci first (a driver unbind can take a second or more), so the buckets span both.
+ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DEFAULT_HEALTH_TIMEOUT = 2.0
+
+
+class MetricsAddressError(ConfigError):
+    """``--metrics-address`` is not ``HOST:PORT``. A usage error: the CLI exits with status 2."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(reason, "--metrics-address")
+        self.args = (f"--metrics-address {address!r}: {reason}",)
+
+
+class MetricsServerError(CdiplugError):
+    """The metrics HTTP server could not listen (address in use, no such interface)."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> ``(host, port)``. ``[::1]:9100`` for IPv6; an empty host means all IPv4
+    interfaces; port 0 picks a free port."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep:
+        raise MetricsAddressError(address, "expected HOST:PORT, as in 0.0.0.0:9100 or [::1]:9100")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise MetricsAddressError(address, f"{host!r} in brackets is not an IPv6 address") from None
+    elif ":" in host:
+        raise MetricsAddressError(address, "write an IPv6 host in brackets, as in [::1]:9100")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise MetricsAddressError(address, f"port {port_text!r} is not a number from 0 to 65535")
+    return host or "0.0.0.0", int(port_text)
+
+
+@frozen
+class _Children:
+    """One resource's label children, looked up once (``labels()`` takes a lock and builds a key)."""
+
+    registered: Any
+    reregistered: Any
+    allocate_ok: Any
+    allocate_failed: Any
+    allocate_seconds: Any
+    healthy: Any
+    unhealthy: Any
+    preparation_failed: Any
+    ready: Any
+
+
+class Metrics:
+    """The daemon's counters and readiness, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, health_timeout: float = DEFAULT_HEALTH_TIMEOUT) -> None:
+        if registry is None:
+            registry = CollectorRegistry(auto_describe=True)
+            # RSS, CPU and open files of the daemon, read from /proc at scrape time: what the
+            # DaemonSet's memory limit is sized against.
+            ProcessCollector(registry=registry)
+        self.registry = registry
+        self.health_timeout = health_timeout
+        r = self.registry
+        self._registrations = Counter(
+            "cdiplug_registrations", "Registrations with the kubelet, per resource (the first one per socket).", ["resource"], registry=r
+        )
+        self._reregistrations = Counter(
+            "cdiplug_reregistrations",
+            "Registrations after the first one, per resource (after a kubelet restart, say).",
+            ["resource"],
+            registry=r,
+        )
+        self._allocations = Counter("cdiplug_allocations", "Allocate calls answered, per resource and result.", ["resource", "result"], registry=r)
+        self._allocate_seconds = Histogram(
+            "cdiplug_allocate_duration_seconds", "Time to answer an Allocate call, per resource.", ["resource"], buckets=ALLOCATE_BUCKETS, registry=r
+        )
+        self._devices = Gauge("cdiplug_devices", "Devices advertised, per resource and health.", ["resource", "health"], registry=r)
+        self._preparation_failures = Counter(
+            "cdiplug_preparation_failures", "Device preparations that failed (binding to vfio-pci, say), per resource.", ["resource"], registry=r
+        )
+        self._kubelet_restarts = Counter("cdiplug_kubelet_restarts", "Kubelet restarts seen (its socket re-created).", registry=r)
+        self._ready = Gauge("cdiplug_resource_ready", "1 when the resource is registered with the kubelet, else 0.", ["resource"], registry=r)
+        self._children: dict[str, _Children] = {}
+        # Read by the HTTP thread, written by the loop: replaced whole under the lock.
+        self._lock = threading.Lock()
+        self._configured: frozenset[str] | None = None
+        self._ready_set: frozenset[str] = frozenset()
+
+    def _of(self, resource: str) -> _Children:
+        children = self._children.get(resource)
+        if children is None:
+            children = self._children[resource] = _Children(
+                registered=self._registrations.labels(resource),
+                reregistered=self._reregistrations.labels(resource),
+                allocate_ok=self._allocations.labels(resource, "ok"),
+                allocate_failed=self._allocations.labels(resource, "error"),
+                allocate_seconds=self._allocate_seconds.labels(resource),
+                healthy=self._devices.labels(resource, "healthy"),
+                unhealthy=self._devices.labels(resource, "unhealthy"),
+                preparation_failed=self._preparation_failures.labels(resource),
+                ready=self._ready.labels(resource),
+            )
+        return children
+
+    # -- recording (called from the event loop) --------------------------------------------------
+
+    def registered(self, resource: str, again: bool) -> None:
+        """``resource`` was registered with the kubelet (``again``: not the first time). Marks it ready."""
+        children = self._of(resource)
+        (children.reregistered if again else children.registered).inc()
+        self.set_ready(resource, True)
+
+    def allocate_observed(self, resource: str, seconds: float, ok: bool) -> None:
+        children = self._of(resource)
+        (children.allocate_ok if ok else children.allocate_failed).inc()
+        children.allocate_seconds.observe(seconds)
+
+    def devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+        children = self._of(resource)
+        children.healthy.set(healthy)
+        children.unhealthy.set(unhealthy)
+
+    def preparation_failed(self, resource: str) -> None:
+        self._of(resource).preparation_failed.inc()
+
+    def kubelet_restart(self) -> None:
+        self._kubelet_restarts.inc()
+
+    def set_ready(self, resource: str, ready: bool) -> None:
+        """Mark ``resource`` registered (or not: the kubelet restarted, its server stopped)."""
+        self._of(resource).ready.set(1 if ready else 0)
+        with self._lock:
+            self._ready_set = self._ready_set | {resource} if ready else self._ready_set - {resource}
+
+    def forget(self, resource: str) -> None:
+        """Drop every series of ``resource`` (it left the configuration) and its readiness."""
+        if self._children.pop(resource, None) is None:
+            return
+        for metric, label_sets in (
+            (self._registrations, [(resource,)]),
+            (self._reregistrations, [(resource,)]),
+            (self._allocations, [(resource, "ok"), (resource, "error")]),
+            (self._allocate_seconds, [(resource,)]),
+            (self._devices, [(resource, "healthy"), (resource, "unhealthy")]),
+            (self._preparation_failures, [(resource,)]),
+            (self._ready, [(resource,)]),
+        ):
+            for labels in label_sets:
+                try:
+                    metric.remove(*labels)
+                except KeyError:
+                    pass
+        with self._lock:
+            self._ready_set = self._ready_set - {resource}
+
+    def configure(self, resources: Iterable[str]) -> None:
+        """The resources that must all be registered for ``/readyz`` to answer 200."""
+        with self._lock:
+            self._configured = frozenset(resources)
+
+    # -- readiness -------------------------------------------------------------------------------
+
+    def not_ready(self) -> list[str] | None:
+        """The configured resources not registered yet (sorted), or None before :meth:`configure`."""
+        with self._lock:
+            configured, ready = self._configured, self._ready_set
+        return None if configured is None else sorted(configured - ready)
+
+    def ready(self) -> bool:
+        """Every configured resource is registered (False before :meth:`configure`)."""
+        return self.not_ready() == []
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    def serve(self, address: str) -> MetricsServer:
+        """The HTTP server for ``address`` (``HOST:PORT``), as an async context manager.
+
+        ``async with metrics.serve(addr) as server:`` (``await metrics.serve(addr)`` gives the same
+        object); ``server.port`` is the bound port (useful with port 0). The address is checked
+        here, so a bad one fails before anything starts.
+        """
+        host, port = parse_address(address)
+        return MetricsServer(self, host, port)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # a /healthz waiting on a stuck loop must not hold up the shutdown
+    metrics: Metrics
+    loop: asyncio.AbstractEventLoop
+
+
+async def _pong() -> None:
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._reply(200, encoder(self.server.metrics.registry), content_type)
+        elif path == "/healthz":
+            self._healthz()
+        elif path == "/readyz":
+            self._readyz()
+        else:
+            self._text(404, "not found; try /metrics, /healthz or /readyz\n")
+
+    def _healthz(self) -> None:
+        timeout = self.server.metrics.health_timeout
+        try:
+            future = asyncio.run_coroutine_threadsafe(_pong(), self.server.loop)
+        except RuntimeError as exc:  # the loop is closed
+            self._text(503, f"event loop not running: {exc}\n")
+            return
+        try:
+            future.result(timeout=timeout)
+        except TimeoutError:
+            future.cancel()
+            self._text(503, f"event loop did not answer within {timeout:g}s\n")
+        except Exception as exc:  # cancelled because the loop is shutting down
+            self._text(503, f"event loop did not answer: {exc!r}\n")
+        else:
+            self._text(200, "ok\n")
+
+    def _readyz(self) -> None:
+        missing = self.server.metrics.not_ready()
+        if missing is None:
+            self._text(503, "not ready: no resources configured yet\n")
+        elif missing:
+            self._text(503, "not ready; not registered with the kubelet: " + ", ".join(missing) + "\n")
+        else:
+            self._text(200, "ready\n")
+
+    def _text(self, status: int, body: str) -> None:
+        self._reply(status, body.encode(), "text/plain; charset=utf-8")
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the http.server name)
+        log.debug("metrics http %s: " + format, self.client_address[0], *args)
+
+
+class MetricsServer:
+    """The running HTTP server of :meth:`Metrics.serve` (``host``, ``port``, ``url``)."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def __await__(self) -> Generator[Any, None, MetricsServer]:
+        # Lets callers write ``async with await metrics.serve(addr)`` as well.
+        async def itself() -> MetricsServer:
+            return self
+
+        return itself().__await__()
+
+    async def __aenter__(self) -> MetricsServer:
+        if self._httpd is not None:
+            raise MetricsServerError("the metrics server is already running")
+        try:
+            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]
+        except socket.gaierror as exc:
+            raise MetricsServerError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
+        server_class = type("_HTTPServer", (_HTTPServer,), {"address_family": family})
+        try:
+            httpd = server_class((self.host, self.port), _Handler)
+        except OSError as exc:
+            raise MetricsServerError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
+        httpd.metrics = self.metrics
+        httpd.loop = asyncio.get_running_loop()
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="cdiplug-metrics-http", daemon=True)
+        self._thread.start()
+        log.info("serving /metrics, /healthz and /readyz on %s", self.url)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        httpd, thread = self._httpd, self._thread
+        self._httpd = self._thread = None
+        if httpd is None:
+            return
+        # shutdown() blocks until serve_forever notices (one poll interval): not on the loop.
+        await asyncio.to_thread(httpd.shutdown)
+        httpd.server_close()
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
