@@ -1,1 +1,11 @@
-"""Container Device Interface: the spec model, names, versions, the writer and validation."""
+"""Container Device Interface: the spec model, names, versions, the writer and validation.
+
+- :mod:`.names`: kinds, device names and qualified names by the CDI rules; IDs mapped to names.
+- :mod:`.spec`: the spec as attrs classes, its JSON form, ``build_spec(kind, snapshot)``.
+- :mod:`.version`: the lowest ``cdiVersion`` a spec's content needs.
+- :mod:`.writer`: ``SpecWriter``, atomic one-file-per-kind writes into the CDI folder.
+- :mod:`.annotations`: ``cdi.k8s.io/...`` annotations for runtimes that read those.
+- :mod:`.validate`: checks a spec file as strictly as the reference library (``cdiplug cdi validate``).
+
+Submodules are imported where used; importing this package imports nothing else.
+"""

@@ -44,18 +44,40 @@ def device_name_problem(name: str) -> str | None:
 def device_name(device_id: str) -> str:
     """The CDI device name for a device ID: the ID itself when valid, else a stable mapped name.
 
-    The mapped name keeps the safe characters and adds a short hash of the original, so two IDs
-    never map to the same name.
+    The mapped name keeps the safe characters (others become ``_``) and adds a 12-digit hash of
+    the original, so two different IDs map to different names (the spec builder still checks
+    that the names within one spec are unique). The result never holds ``/`` and is never ``..``.
     """
     if _DEVICE.match(device_id):
         return device_id
     cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", device_id).strip("_.:-") or "dev"
-    digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:12]
     return f"{cleaned}-{digest}"
 
 
 def qualified_name(kind: str, name: str) -> str:
+    """``example.com/fpga`` and ``fpga-0`` -> ``example.com/fpga=fpga-0`` (both checked)."""
+    check_kind(kind)
+    problem = device_name_problem(name)
+    if problem:
+        raise CdiNameError(problem)
     return f"{kind}={name}"
+
+
+def parse_qualified_name(qualified: str) -> tuple[str, str]:
+    """``vendor/class=name`` -> ``(kind, name)``; CdiNameError when either part is invalid."""
+    problem = qualified_name_problem(qualified)
+    if problem:
+        raise CdiNameError(problem)
+    kind, _, name = qualified.partition("=")
+    return kind, name
+
+
+def qualified_name_problem(qualified: str) -> str | None:
+    kind, sep, name = qualified.partition("=")
+    if not sep:
+        return f"CDI device {qualified!r} must be a qualified name vendor/class=name"
+    return kind_problem(kind) or device_name_problem(name)
 
 
 def spec_file_name(kind: str) -> str:
