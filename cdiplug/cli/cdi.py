@@ -1,0 +1,135 @@
+"""``cdiplug cdi generate|validate|list``: write, check and list CDI specs without serving.
+
+- ``generate [--config FILE] [--output-dir DIR]`` runs every configured backend once and writes
+  one spec per kind, exactly as ``cdiplug serve`` would (it never removes other files).
+- ``validate FILE...`` checks spec files as strictly as the reference CDI library; one line per
+  problem on stderr, exit 1 when there is any.
+- ``list [--cdi-dir DIR]`` prints the qualified device names of every spec in the folder
+  (``.json`` and ``.yaml``, whoever wrote them), sorted; unreadable specs are named on stderr and
+  make the exit status 1.
+
+Exit status 2 is a bad argument or configuration, as everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import BackendError, CdiError
+from ..world import DEFAULT_CDI_DIR, World
+from . import add_config_option, add_option
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("cdi", help="write, check and list CDI specs", description=__doc__.split("\n\n")[0])
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    gen = actions.add_parser("generate", help="write the CDI specs for what the backends find, without serving")
+    add_config_option(gen)
+    add_option(gen, "--output-dir", str(DEFAULT_CDI_DIR), help="folder to write the specs into")
+    add_option(gen, "--sysfs-root", "/sys", help="where sysfs is mounted")
+    add_option(gen, "--dev-root", "/", help="root under which /dev paths are looked up")
+    gen.set_defaults(func=generate)
+
+    val = actions.add_parser("validate", help="check CDI spec files as strictly as the reference library")
+    val.add_argument("files", metavar="FILE", nargs="+", type=Path)
+    val.set_defaults(func=validate)
+
+    lst = actions.add_parser("list", help="print the qualified device names of every spec in a folder")
+    add_option(lst, "--cdi-dir", str(DEFAULT_CDI_DIR), help="folder of CDI specs")
+    lst.set_defaults(func=list_devices)
+
+
+def generate(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..discovery import discover_once
+    from ..cdi.writer import SpecWriter
+
+    config = load_config(args.config)
+    world = World(cdi_dir=Path(args.output_dir), sysfs_root=Path(args.sysfs_root), dev_root=Path(args.dev_root))
+    try:
+        snapshots = asyncio.run(discover_once(config, world))
+    except BackendError as exc:
+        print(f"cdiplug cdi generate: {exc}", file=sys.stderr)
+        return 1
+    writer = SpecWriter(world.cdi_dir)
+    status = 0
+    for resource in config.resources:
+        snapshot = snapshots[resource.name]
+        path = writer.path_for(resource.cdi_kind)
+        try:
+            changed = writer.write(resource.cdi_kind, snapshot)
+        except CdiError as exc:
+            print(f"cdiplug cdi generate: {resource.name}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if not snapshot.devices:
+            print(f"{resource.cdi_kind}: no devices, no spec" + (f" (removed {path})" if changed else ""))
+        else:
+            print(f"{path}: {len(snapshot.devices)} devices, {'written' if changed else 'unchanged'}")
+    return status
+
+
+def validate(args: argparse.Namespace) -> int:
+    from ..cdi.validate import check_file
+
+    problems = [p for f in args.files for p in check_file(f)]
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print(f"{len(args.files)} spec file{'s' if len(args.files) != 1 else ''} valid")
+    return 1 if problems else 0
+
+
+def list_devices(args: argparse.Namespace) -> int:
+    folder = Path(args.cdi_dir)
+    names: set[str] = set()
+    status = 0
+    for path, result in _read_specs(folder):
+        if isinstance(result, str):
+            print(f"cdiplug cdi list: {path}: {result}", file=sys.stderr)
+            status = 1
+        else:
+            names.update(result)
+    for name in sorted(names):
+        print(name)
+    return status
+
+
+def _read_specs(folder: Path) -> Iterator[tuple[Path, list[str] | str]]:
+    """Each spec file of ``folder`` with its qualified device names, or why they cannot be read."""
+    from ..cdi.names import qualified_name_problem
+    from ..cdi.validate import load_document
+
+    try:
+        paths = sorted(p for p in folder.iterdir() if p.suffix in (".json", ".yaml") and p.is_file())
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        yield folder, f"cannot list: {exc.strerror}"
+        return
+    for path in paths:
+        try:
+            data: Any = load_document(path.read_text(), yaml_format=path.suffix == ".yaml")
+        except (OSError, UnicodeDecodeError) as exc:
+            yield path, f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+            continue
+        except CdiError as exc:
+            yield path, str(exc)
+            continue
+        kind = data.get("kind") if isinstance(data, dict) else None
+        devices = data.get("devices") if isinstance(data, dict) else None
+        if not isinstance(kind, str) or not isinstance(devices, list):
+            yield path, "not a CDI spec (no kind or no devices)"
+            continue
+        qualified = [f"{kind}={d.get('name')}" for d in devices if isinstance(d, dict)]
+        bad = [q for q in qualified if qualified_name_problem(q)]
+        if bad:
+            yield path, qualified_name_problem(bad[0]) or ""
+            continue
+        yield path, qualified
