@@ -1,0 +1,81 @@
+"""``cdiplug node-capacity set|remove``: advertise counted resources in a node's status.
+
+``cdiplug node-capacity set NODE example.com/dongle=4 [NAME=COUNT ...]`` and
+``cdiplug node-capacity remove NODE example.com/dongle [NAME ...]``. Credentials come from
+``--kubeconfig`` (``$CDIPLUG_KUBECONFIG``), ``$KUBECONFIG``, the in-cluster service account or
+``~/.kube/config``, in that order. Exit status: 0 done, 1 the API server refused or was unreachable,
+2 a bad argument or an unusable kubeconfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..node_capacity import (
+    CapacityUsageError,
+    KubeconfigError,
+    NodeCapacity,
+    NodeCapacityError,
+    find_api_server,
+    parse_quantity,
+)
+from . import EXIT_USAGE, add_option
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "node-capacity",
+        help="advertise counted resources (dongles, licences) in a node's status, no device plugin needed",
+        description=(
+            "Patch a node's status capacity through the Kubernetes API (JSON Patch on nodes/NODE/status). "
+            "The kubelet copies capacity into allocatable at its next status update. "
+            "Needs 'patch' on 'nodes/status' (deploy/rbac-node-capacity.yaml)."
+        ),
+    )
+    # The options sit on each action, so they may come after the positional arguments too.
+    common = argparse.ArgumentParser(add_help=False)
+    add_option(common, "--kubeconfig", help="kubeconfig file; without it $KUBECONFIG, the in-cluster service account, ~/.kube/config")
+    add_option(common, "--context", help="kubeconfig context; without it the current context")
+    add_option(common, "--timeout", "30", type=float, help="seconds to wait for the API server")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    set_parser = actions.add_parser("set", parents=[common], help="add or change capacity: NODE NAME=COUNT ...")
+    set_parser.add_argument("node", metavar="NODE")
+    set_parser.add_argument("quantities", metavar="NAME=COUNT", nargs="+", help="as in example.com/dongle=4")
+    set_parser.set_defaults(func=run)
+
+    remove_parser = actions.add_parser("remove", parents=[common], help="remove capacity: NODE NAME ...")
+    remove_parser.add_argument("node", metavar="NODE")
+    remove_parser.add_argument("resources", metavar="NAME", nargs="+", help="as in example.com/dongle")
+    remove_parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = f"cdiplug node-capacity {args.action}"
+    try:
+        if args.action == "set":
+            quantities: dict[str, int] = {}
+            for assignment in args.quantities:
+                name, count = parse_quantity(assignment)
+                if name in quantities:
+                    raise CapacityUsageError(f"{name} is named twice")
+                quantities[name] = count
+        api = find_api_server(args.kubeconfig, args.context)
+        client = NodeCapacity(api, timeout=args.timeout)
+        if args.action == "set":
+            capacity = client.set(args.node, quantities)
+            for name in quantities:
+                print(f"node {args.node}: {name}={capacity.get(name, '?')}")
+        else:
+            capacity = client.remove(args.node, args.resources)
+            for name in args.resources:
+                state = "still present" if name in capacity else "removed"
+                print(f"node {args.node}: {name} {state}")
+    except (CapacityUsageError, KubeconfigError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NodeCapacityError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    return 0
