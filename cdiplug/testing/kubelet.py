@@ -1,0 +1,599 @@
+"""A kubelet stand-in: the kubelet's device manager, as far as a device plugin can tell.
+
+:class:`KubeletStandIn` serves the real v1beta1 ``Registration`` service (grpc.aio) on
+``<kubelet_dir>/kubelet.sock`` and behaves as ``pkg/kubelet/cm/devicemanager`` of Kubernetes:
+
+- ``Register`` checks the API version and the resource name with the kubelet's rules and wording
+  (a plain error: gRPC status UNKNOWN), dials ``<kubelet_dir>/<endpoint>``, asks
+  ``GetDevicePluginOptions`` and only then answers. A new registration replaces the old connection.
+- It holds ``ListAndWatch`` open: capacity counts every listed device, allocatable the healthy
+  ones. When the current stream ends, every device of the resource turns unhealthy until the plugin
+  registers again.
+- :meth:`~KubeletStandIn.admit_pod` plays the scheduler's fit check (too few free devices: Pending,
+  ``Insufficient <resource>``) and the kubelet's admission, one pod at a time: it picks devices
+  (``GetPreferredAllocation`` when offered, ``available`` = healthy unallocated), calls ``Allocate``
+  once per container and resource with one ContainerAllocateRequest, ``PreStartContainer`` when
+  required, and keeps the allocation until :meth:`~KubeletStandIn.remove_pod`.
+- :meth:`~KubeletStandIn.restart` stops, removes every file of the folder but the checkpoint (the
+  kubelet cleans it at start) and serves again; allocations survive, as through the checkpoint.
+
+Raw calls (``allocate``, ``preferred_allocation``, ``pre_start``) send exactly what they are given
+and raise ``grpc.aio.AioRpcError`` with the plugin's status. :meth:`~KubeletStandIn.wait_until`
+wakes on every change, never polls. Use as ``async with KubeletStandIn(folder) as kubelet:`` in one
+event loop; the folder and the plugin's socket name must fit a unix socket path (107 bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import grpc
+from attrs import field, frozen
+
+from ..api import deviceplugin_v1beta1_pb2 as pb
+from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from ..errors import CdiplugError
+from ..model import ContainerAllocation, Device, DeviceNode, Health, Mount
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+# The kubelet keeps its checkpoint when it cleans the folder; nothing else survives.
+CHECKPOINT_FILE = "kubelet_internal_checkpoint"
+
+T = TypeVar("T")
+
+
+class StandInError(CdiplugError):
+    """The stand-in was used wrongly, or the resource asked for is not registered."""
+
+
+class PodPhase(str, enum.Enum):
+    RUNNING = "Running"
+    PENDING = "Pending"
+    FAILED = "Failed"
+
+
+@frozen
+class PluginOptions:
+    """What a plugin said it can do (GetDevicePluginOptions, or the options sent with Register)."""
+
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = False
+
+
+@frozen
+class Registration:
+    """One accepted Register call. Times (``time.monotonic()``): ``received_at`` the call arrived,
+    ``connected_at`` the plugin was dialed and answered GetDevicePluginOptions (Register then
+    returns), ``listed_at`` its first ListAndWatch list arrived (None until then)."""
+
+    resource: str
+    endpoint: str
+    version: str
+    options: PluginOptions  # from GetDevicePluginOptions, which the kubelet trusts
+    register_options: PluginOptions  # as sent in the RegisterRequest
+    received_at: float
+    connected_at: float
+    listed_at: float | None = None
+
+
+@frozen
+class Event:
+    """Something the stand-in saw (``registered``, ``rejected``, ``devices``, ``disconnected``, ...)."""
+
+    at: float
+    kind: str
+    resource: str = ""
+    detail: str = ""
+
+
+@frozen
+class ContainerResult:
+    """What one container got: the plugin's answer per resource, in request order."""
+
+    name: str
+    allocations: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), converter=tuple)
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """Every env var the container got, later resources winning (as the kubelet merges them)."""
+        return {k: v for _, a in self.allocations for k, v in a.env}
+
+
+@frozen
+class PodResult:
+    """What happened to a pod: Running with its devices, Pending (reason ``Insufficient <resource>``)
+    or Failed (``UnexpectedAdmissionError``, with the plugin's gRPC status in ``code``)."""
+
+    name: str
+    phase: PodPhase
+    reason: str = ""
+    message: str = ""
+    containers: tuple[ContainerResult, ...] = field(default=(), converter=tuple)
+    code: str | None = None  # grpc.StatusCode name when a plugin call failed
+
+    @property
+    def admitted(self) -> bool:
+        return self.phase is PodPhase.RUNNING
+
+    def device_ids(self, resource: str | None = None) -> tuple[str, ...]:
+        """The devices of ``resource`` (or of all resources) over all containers, in answer order."""
+        return tuple(
+            i for c in self.containers for r, a in c.allocations if resource in (None, r) for i in a.device_ids
+        )
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return {k: v for c in self.containers for k, v in c.env.items()}
+
+    def _all(self, name: str) -> tuple[Any, ...]:
+        return tuple(x for c in self.containers for _, a in c.allocations for x in getattr(a, name))
+
+    cdi_devices = property(lambda self: self._all("cdi_devices"), doc="CDI names over all containers")
+    device_specs = property(lambda self: self._all("device_specs"), doc="DeviceNodes over all containers")
+    mounts = property(lambda self: self._all("mounts"), doc="Mounts over all containers")
+    annotations = property(lambda self: dict(self._all("annotations")), doc="annotations, merged")
+
+
+# --- the kubelet's checks on RegisterRequest -------------------------------------------------
+
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """``IsExtendedResourceName`` of Kubernetes' ``pkg/apis/core/v1/helper``, rule for rule; kept
+    apart from ``cdiplug.resource_names`` on purpose, so tests through the stand-in can catch a
+    mistake there."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    parts = ("requests." + name).split("/")  # IsQualifiedName of the quota form
+    if len(parts) != 2:
+        return False
+    prefix, rest = parts
+    if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+        return False
+    return 0 < len(rest) <= 63 and bool(_QUALIFIED_NAME.match(rest))
+
+
+def _options(message: pb.DevicePluginOptions) -> PluginOptions:
+    return PluginOptions(message.pre_start_required, message.get_preferred_allocation_available)
+
+
+def _allocation(ids: Sequence[str], response: pb.ContainerAllocateResponse) -> ContainerAllocation:
+    """A ContainerAllocateResponse as the project's value object (the kubelet's side of the edge)."""
+    return ContainerAllocation(
+        device_ids=tuple(ids),
+        env=sorted(response.envs.items()),
+        device_specs=[DeviceNode(d.container_path, d.host_path or None, d.permissions) for d in response.devices],
+        mounts=[Mount(m.host_path, m.container_path, m.read_only) for m in response.mounts],
+        cdi_devices=tuple(c.name for c in response.cdi_devices),
+        annotations=sorted(response.annotations.items()),
+    )
+
+
+class _Endpoint:
+    """The connection to one registered plugin: channel, stub, options, ListAndWatch task."""
+
+    def __init__(self, registration: Registration, channel: grpc.aio.Channel, stub: pb_grpc.DevicePluginStub) -> None:
+        self.registration = registration
+        self.channel = channel
+        self.stub = stub
+        self.task: asyncio.Task[None] | None = None
+        self.updates = 0
+
+    async def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await self.channel.close(grace=None)
+
+
+class _Registration(pb_grpc.RegistrationServicer):
+    def __init__(self, owner: KubeletStandIn) -> None:
+        self.owner = owner
+
+    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+        return await self.owner._register(request, context)
+
+
+class KubeletStandIn:
+    """A kubelet device manager on ``<kubelet_dir>/kubelet.sock`` (see the module docstring).
+
+    ``dial_timeout`` bounds dialing a plugin during Register (the kubelet waits 10 s);
+    ``call_timeout`` bounds every call the stand-in makes to a plugin.
+    """
+
+    def __init__(self, kubelet_dir: Path | str, *, dial_timeout: float = 10.0, call_timeout: float = 10.0) -> None:
+        self.kubelet_dir = Path(kubelet_dir).absolute()
+        self.dial_timeout = dial_timeout
+        self.call_timeout = call_timeout
+        self.started_at: float | None = None  # monotonic time kubelet.sock was last served
+        self._server: grpc.aio.Server | None = None
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._devices: dict[str, dict[str, Device]] = {}
+        self._pods: dict[str, PodResult] = {}
+        self._registrations: list[Registration] = []
+        self._events: collections.deque[Event] = collections.deque(maxlen=10_000)
+        self._changed = asyncio.Event()
+        self._admit_lock = asyncio.Lock()
+
+    @property
+    def socket_path(self) -> Path:
+        return self.kubelet_dir / KUBELET_SOCKET
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> KubeletStandIn:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, wipe: bool = True) -> None:
+        """Serve kubelet.sock. ``wipe`` first removes every file in the folder, as the kubelet does."""
+        if self._server is not None:
+            raise StandInError("the kubelet stand-in is already running")
+        self.kubelet_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        if wipe:
+            self.wipe()
+        if len(str(self.socket_path).encode()) > 107:
+            raise StandInError(f"{self.socket_path} is too long for a unix socket path (107 bytes at most)")
+        server = grpc.aio.server()
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
+            raise StandInError(f"cannot serve on {self.socket_path}")
+        await server.start()
+        self._server = server
+        self.started_at = time.monotonic()
+        self._record("started", detail=str(self.socket_path))
+
+    async def stop(self) -> None:
+        """Stop as a kubelet exiting: plugin connections close, kubelet.sock goes away, registrations
+        and device lists are forgotten; pod allocations are kept (as in the kubelet's checkpoint)."""
+        endpoints, self._endpoints = list(self._endpoints.values()), {}
+        self._devices.clear()
+        for endpoint in endpoints:
+            await endpoint.close()
+        if self._server is not None:
+            server, self._server = self._server, None
+            await server.stop(grace=None)
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            self._record("stopped")
+
+    async def restart(self, wipe: bool = True) -> None:
+        """Stop, clean the folder (when ``wipe``) and serve again: plugins must notice and register
+        again; until then their resources have no capacity."""
+        await self.stop()
+        await self.start(wipe=wipe)
+
+    def wipe(self) -> list[Path]:
+        """Remove every file (sockets included) from the folder but the kubelet's checkpoint."""
+        removed = []
+        for entry in sorted(self.kubelet_dir.iterdir()):
+            if entry.name == CHECKPOINT_FILE or (entry.is_dir() and not entry.is_symlink()):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed.append(entry)
+        return removed
+
+    # --- Register and ListAndWatch ------------------------------------------------------------
+
+    async def _register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+        received_at = time.monotonic()
+        resource = request.resource_name
+        problem = None
+        if request.version != API_VERSION:
+            problem = f"requested API version {request.version!r} is not supported by kubelet. Supported version is {[API_VERSION]!r}"
+        elif not is_extended_resource_name(resource):
+            problem = f"the ResourceName {resource!r} is invalid"
+        elif not request.endpoint or "/" in request.endpoint or request.endpoint in (".", ".."):
+            # The kubelet joins it to its folder unchecked; a plugin sending a path is a bug.
+            problem = f"endpoint {request.endpoint!r} must be a socket file name in {self.kubelet_dir}"
+        if problem is None:
+            try:
+                endpoint = await self._connect(request, received_at)
+            except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
+                problem = f"failed to dial device plugin: {_describe(exc)}"
+        if problem is not None:
+            self._record("rejected", resource, problem)
+            await context.abort(grpc.StatusCode.UNKNOWN, problem)
+        old = self._endpoints.get(resource)
+        self._endpoints[resource] = endpoint
+        self._registrations.append(endpoint.registration)
+        endpoint.task = asyncio.create_task(self._list_and_watch(endpoint), name=f"kubelet-stand-in ListAndWatch {resource}")
+        if old is not None:
+            self._record("replaced", resource, old.registration.endpoint)
+            await old.close()
+        self._record("registered", resource, request.endpoint)
+        return pb.Empty()
+
+    async def _connect(self, request: pb.RegisterRequest, received_at: float) -> _Endpoint:
+        path = self.kubelet_dir / request.endpoint
+        channel = grpc.aio.insecure_channel(f"unix:{path}", options=[("grpc.default_authority", "localhost")])
+        try:
+            await asyncio.wait_for(channel.channel_ready(), self.dial_timeout)
+            stub = pb_grpc.DevicePluginStub(channel)
+            options = await stub.GetDevicePluginOptions(pb.Empty(), timeout=self.call_timeout)
+        except BaseException:
+            await channel.close(grace=None)
+            raise
+        registration = Registration(
+            request.resource_name, request.endpoint, request.version, _options(options), _options(request.options),
+            received_at=received_at, connected_at=time.monotonic(),
+        )
+        return _Endpoint(registration, channel, stub)
+
+    async def _list_and_watch(self, endpoint: _Endpoint) -> None:
+        resource = endpoint.registration.resource
+        reason = "stream ended"
+        try:
+            async for response in endpoint.stub.ListAndWatch(pb.Empty()):
+                if self._endpoints.get(resource) is not endpoint:
+                    return
+                self._devices[resource] = {
+                    d.ID: Device(
+                        id=d.ID,
+                        # The kubelet counts anything but "Healthy" as unhealthy.
+                        health=Health.HEALTHY if d.health == Health.HEALTHY.value else Health.UNHEALTHY,
+                        numa_nodes=[n.ID for n in d.topology.nodes] if d.HasField("topology") else (),
+                    )
+                    for d in response.devices
+                }
+                endpoint.updates += 1
+                if endpoint.registration.listed_at is None:
+                    self._set_registration(endpoint, attrs.evolve(endpoint.registration, listed_at=time.monotonic()))
+                healthy = sum(d.healthy for d in self._devices[resource].values())
+                self._record("devices", resource, f"{len(response.devices)} devices, {healthy} healthy")
+        except grpc.aio.AioRpcError as exc:
+            reason = _describe(exc)
+        if self._endpoints.get(resource) is endpoint:
+            # As the kubelet: the plugin is gone, so are its devices (until it registers again).
+            for device_id, device in list(self._devices.get(resource, {}).items()):
+                self._devices[resource][device_id] = attrs.evolve(device, health=Health.UNHEALTHY)
+            self._record("disconnected", resource, reason)
+
+    def _set_registration(self, endpoint: _Endpoint, registration: Registration) -> None:
+        index = next(i for i, r in enumerate(self._registrations) if r is endpoint.registration)
+        self._registrations[index] = endpoint.registration = registration
+
+    # --- what the node shows ----------------------------------------------------------------
+
+    def is_registered(self, resource: str) -> bool:
+        """Registered and its first device list has arrived."""
+        endpoint = self._endpoints.get(resource)
+        return endpoint is not None and endpoint.registration.listed_at is not None
+
+    def registration(self, resource: str) -> Registration | None:
+        """The current registration of ``resource``, or None."""
+        endpoint = self._endpoints.get(resource)
+        return endpoint.registration if endpoint is not None else None
+
+    @property
+    def registrations(self) -> tuple[Registration, ...]:
+        """Every accepted registration since this stand-in was made, oldest first."""
+        return tuple(self._registrations)
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(self._events)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return tuple(sorted(self._endpoints))
+
+    def devices(self, resource: str) -> tuple[Device, ...]:
+        """The last device list of ``resource`` (IDs, health, NUMA nodes), sorted by ID."""
+        return tuple(sorted(self._devices.get(resource, {}).values(), key=lambda d: d.id))
+
+    def updates(self, resource: str) -> int:
+        """How many ListAndWatch lists the current registration of ``resource`` has sent."""
+        endpoint = self._endpoints.get(resource)
+        return endpoint.updates if endpoint is not None else 0
+
+    def capacity(self, resource: str) -> int:
+        return len(self._devices.get(resource, {}))
+
+    def allocatable(self, resource: str) -> int:
+        return sum(d.healthy for d in self._devices.get(resource, {}).values())
+
+    def allocated(self, resource: str) -> frozenset[str]:
+        """Devices of ``resource`` held by admitted pods."""
+        return frozenset(i for pod in self._pods.values() for i in pod.device_ids(resource))
+
+    @property
+    def pods(self) -> Mapping[str, PodResult]:
+        """Admitted pods by name."""
+        return dict(self._pods)
+
+    def describe(self) -> str:
+        """One line of state, for failure messages."""
+        parts = [
+            f"{r}: {self.allocatable(r)}/{self.capacity(r)} allocatable" + ("" if self.is_registered(r) else " (not listed)")
+            for r in sorted(set(self._endpoints) | set(self._devices))
+        ]
+        last = [f"{e.kind} {e.resource} {e.detail}".strip() for e in list(self._events)[-5:]]
+        return "; ".join(parts or ["nothing registered"]) + f" | last events: {last}"
+
+    # --- waiting ------------------------------------------------------------------------------
+
+    async def wait_until(self, predicate: Callable[[], T], timeout: float = 5.0, what: str | None = None) -> T:
+        """Wait until ``predicate()`` is true, re-checked on every change the stand-in sees; its value.
+
+        Raises TimeoutError naming ``what`` and the state."""
+        deadline = time.monotonic() + timeout
+        while True:
+            changed = self._changed
+            value = predicate()
+            if value:
+                return value
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"kubelet stand-in: gave up after {timeout} s waiting for {what or repr(predicate)}; {self.describe()}"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    async def wait_registered(self, resource: str, timeout: float = 5.0) -> Registration:
+        """Wait until ``resource`` is registered and has sent its device list."""
+        await self.wait_until(lambda: self.is_registered(resource), timeout, f"{resource} to register")
+        return self._endpoints[resource].registration
+
+    # --- pods -------------------------------------------------------------------------------
+
+    async def admit_pod(self, name: str, requests: Mapping[str, int] | Sequence[Mapping[str, int]]) -> PodResult:
+        """Schedule and admit a pod asking for ``{resource: count}`` (one container), or a list of
+        such mappings (one per container). Returns Running, Pending or Failed (see PodResult).
+
+        Running pods hold their devices until :meth:`remove_pod`; Pending and Failed pods hold none.
+        """
+        containers = [dict(requests)] if isinstance(requests, Mapping) else [dict(c) for c in requests]
+        for container in containers:
+            for resource, count in container.items():
+                if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                    raise StandInError(f"pod {name}: {resource} must be a count of 0 or more, got {count!r}")
+        async with self._admit_lock:  # the kubelet admits pods one at a time
+            if name in self._pods:
+                raise StandInError(f"pod {name} is already admitted")
+            result = await self._admit(name, containers)
+            self._pods.pop(name, None)
+            if result.admitted:
+                self._pods[name] = result
+            self._record(
+                {PodPhase.RUNNING: "admitted", PodPhase.PENDING: "pending", PodPhase.FAILED: "failed"}[result.phase],
+                detail=f"{name} {result.reason} {list(result.device_ids())}".strip(),
+            )
+            return result
+
+    async def _admit(self, name: str, containers: list[dict[str, int]]) -> PodResult:
+        totals: collections.Counter[str] = collections.Counter()
+        for container in containers:
+            totals.update({r: n for r, n in container.items() if n})
+        # The scheduler's fit check: node allocatable minus what running pods requested.
+        for resource, count in sorted(totals.items()):
+            free = self.allocatable(resource) - len(self.allocated(resource))
+            if count > free:
+                return self._pending(name, resource)
+        taken: dict[str, set[str]] = {r: set(self.allocated(r)) for r in totals}
+        results = []
+        for index, container in enumerate(containers):
+            allocations = []
+            for resource, count in container.items():
+                if not count:
+                    continue
+                available = sorted(d.id for d in self.devices(resource) if d.healthy and d.id not in taken[resource])
+                if len(available) < count:  # the device manager's own check
+                    return self._pending(name, resource)
+                try:
+                    ids = await self._pick(resource, available, count)
+                    allocation = await self._allocate_container(resource, ids)
+                except grpc.aio.AioRpcError as exc:
+                    return PodResult(
+                        name, PodPhase.FAILED, "UnexpectedAdmissionError",
+                        f"Allocate failed due to {exc.details()}, which is unexpected", code=exc.code().name,
+                    )
+                except StandInError as exc:
+                    return PodResult(name, PodPhase.FAILED, "UnexpectedAdmissionError", str(exc))
+                taken[resource].update(ids)
+                allocations.append((resource, allocation))
+            results.append(ContainerResult(f"container-{index}", allocations))
+        return PodResult(name, PodPhase.RUNNING, containers=results)
+
+    def _pending(self, name: str, resource: str) -> PodResult:
+        reason = f"Insufficient {resource}"
+        return PodResult(name, PodPhase.PENDING, reason, f"0/1 nodes are available: 1 {reason}.")
+
+    async def _pick(self, resource: str, available: list[str], count: int) -> list[str]:
+        """The device manager's choice: the plugin's preference (within ``available``) first, then
+        the remaining devices in ID order."""
+        registration = self.registration(resource)
+        chosen: list[str] = []
+        if registration is not None and registration.options.get_preferred_allocation_available:
+            preferred = await self.preferred_allocation(resource, available, (), count)
+            chosen = [i for i in dict.fromkeys(preferred) if i in available][:count]
+        chosen += [i for i in available if i not in chosen][: count - len(chosen)]
+        return chosen
+
+    async def _allocate_container(self, resource: str, ids: list[str]) -> ContainerAllocation:
+        answers = await self.allocate(resource, ids)
+        if len(answers) != 1:
+            raise StandInError(f"{resource}: plugin answered {len(answers)} container responses for 1 container request")
+        registration = self.registration(resource)
+        if registration is not None and registration.options.pre_start_required:
+            await self.pre_start(resource, ids)
+        return answers[0]
+
+    def remove_pod(self, name: str) -> bool:
+        """Forget an admitted pod and free its devices; False when there was no such pod."""
+        pod = self._pods.pop(name, None)
+        if pod is not None:
+            self._record("removed", detail=name)
+        return pod is not None
+
+    # --- raw calls ----------------------------------------------------------------------------
+
+    def _stub(self, resource: str) -> pb_grpc.DevicePluginStub:
+        endpoint = self._endpoints.get(resource)
+        if endpoint is None:
+            known = ", ".join(sorted(self._endpoints)) or "none"
+            raise StandInError(f"{resource} is not registered with the kubelet stand-in (registered: {known})")
+        return endpoint.stub
+
+    async def allocate(self, resource: str, *containers: Sequence[str]) -> tuple[ContainerAllocation, ...]:
+        """Send one Allocate call with one ContainerAllocateRequest per argument, exactly as given
+        (``allocate(r, [])`` sends one empty request, ``allocate(r)`` none). Raises AioRpcError."""
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers])
+        response = await self._stub(resource).Allocate(request, timeout=self.call_timeout)
+        ids = [*containers, *[()] * len(response.container_responses)]  # more answers than asks: no IDs
+        return tuple(_allocation(ids[i], r) for i, r in enumerate(response.container_responses))
+
+    async def preferred_allocation(
+        self, resource: str, available: Iterable[str], must_include: Iterable[str] = (), size: int = 1
+    ) -> tuple[str, ...]:
+        """One GetPreferredAllocation container request; the plugin's answer. Raises AioRpcError."""
+        one = pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
+        )
+        request = pb.PreferredAllocationRequest(container_requests=[one])
+        response = await self._stub(resource).GetPreferredAllocation(request, timeout=self.call_timeout)
+        if len(response.container_responses) != 1:
+            raise StandInError(f"{resource}: {len(response.container_responses)} preferred-allocation answers for 1 request")
+        return tuple(response.container_responses[0].deviceIDs)
+
+    async def pre_start(self, resource: str, ids: Sequence[str]) -> None:
+        """One PreStartContainer call. Raises AioRpcError."""
+        await self._stub(resource).PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=self.call_timeout)
+
+    # --- bookkeeping --------------------------------------------------------------------------
+
+    def _record(self, kind: str, resource: str = "", detail: str = "") -> None:
+        self._events.append(Event(time.monotonic(), kind, resource, detail))
+        log.debug("kubelet stand-in: %s %s %s", kind, resource, detail)
+        # Wake every waiter, then start a fresh event for the next change.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
