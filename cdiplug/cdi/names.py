@@ -1,7 +1,8 @@
 """CDI names: kinds (``vendor/class``), device names and qualified names, by the CDI rules.
 
 Vendor and class start with a letter and end with a letter or digit, with letters, digits and
-``_ - .`` inside. Device names start and end with a letter or digit, with ``_ - . :`` inside.
+``_ - .`` inside; cdiplug also wants two characters at least, because the CDI library of podman 4.3
+and containerd 1.7 panics on a one-character vendor or class. Device names start and end with a letter or digit, with ``_ - . :`` inside.
 Device IDs that are not valid names are mapped to one deterministically (:func:`device_name`), so
 a name never carries a ``/`` or ``..`` that could leave the CDI folder.
 """
@@ -21,10 +22,13 @@ def kind_problem(kind: str) -> str | None:
     vendor, sep, cls = kind.partition("/")
     if not sep or "/" in cls:
         return f"CDI kind {kind!r} must be vendor/class"
-    if not _VENDOR_OR_CLASS.match(vendor):
+    if not _VENDOR_OR_CLASS.fullmatch(vendor):
         return f"CDI kind {kind!r}: vendor {vendor!r} must start with a letter, end with a letter or digit, and hold only letters, digits, '_', '-', '.'"
-    if not _VENDOR_OR_CLASS.match(cls):
+    if not _VENDOR_OR_CLASS.fullmatch(cls):
         return f"CDI kind {kind!r}: class {cls!r} must start with a letter, end with a letter or digit, and hold only letters, digits, '_', '-', '.'"
+    if len(vendor) < 2 or len(cls) < 2:
+        # The spec allows it, but the CDI library in podman 4.3 and containerd 1.7 panics on it.
+        return f"CDI kind {kind!r}: vendor and class need at least two characters each (older runtimes crash on shorter ones)"
     return None
 
 
@@ -36,7 +40,7 @@ def check_kind(kind: str) -> str:
 
 
 def device_name_problem(name: str) -> str | None:
-    if not _DEVICE.match(name):
+    if not _DEVICE.fullmatch(name):
         return f"CDI device name {name!r} must start and end with a letter or digit and hold only letters, digits, '_', '-', '.', ':'"
     return None
 
@@ -48,7 +52,7 @@ def device_name(device_id: str) -> str:
     the original, so two different IDs map to different names (the spec builder still checks
     that the names within one spec are unique). The result never holds ``/`` and is never ``..``.
     """
-    if _DEVICE.match(device_id):
+    if _DEVICE.fullmatch(device_id):
         return device_id
     cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", device_id).strip("_.:-") or "dev"
     digest = hashlib.sha256(device_id.encode()).hexdigest()[:12]

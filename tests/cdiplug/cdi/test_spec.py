@@ -1,0 +1,166 @@
+"""The CDI spec model (``cdiplug.cdi.spec``): JSON keys exactly as the spec spells them, empty fields
+left out, lossless round trips, and ``build_spec`` from our device model. In memory; every spec
+built here is also checked against the official JSON schema and our strict validator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cdiplug.cdi.names import device_name
+from cdiplug.cdi.spec import (
+    ContainerEdits,
+    Device,
+    DeviceNode,
+    Hook,
+    IntelRdt,
+    Mount,
+    NetDevice,
+    Spec,
+    build_spec,
+    from_dict,
+    from_json,
+    to_dict,
+    to_json,
+)
+from cdiplug.cdi.validate import check_spec
+from cdiplug import model
+from cdiplug.errors import CdiError
+
+FULL = Spec(
+    cdi_version="1.1.0",
+    kind="example.com/fpga",
+    annotations={"example.com/owner": "cdiplug"},
+    devices=[
+        Device(
+            name="fpga-0",
+            annotations={"note": "first"},
+            container_edits=ContainerEdits(
+                env=["A=1"],
+                device_nodes=[DeviceNode("/dev/f0", host_path="/srv/f0", type="c", major=10, minor=0, file_mode=0o660,
+                                         permissions="rw", uid=0, gid=44)],
+                net_devices=[NetDevice(host_interface_name="eth3", name="net0")],
+                hooks=[Hook("createContainer", "/usr/bin/hook", args=["hook", "x"], env=["H=1"], timeout=5)],
+                mounts=[Mount("/srv/lib", "/lib/x", options=["ro", "bind"], type="bind")],
+                intel_rdt=IntelRdt(clos_id="c1", l3_cache_schema="L3:0=f", mem_bw_schema="MB:0=50",
+                                   schemata=["L2:0=3"], enable_monitoring=True),
+                additional_gids=[44, 45],
+            ),
+        )
+    ],
+    container_edits=ContainerEdits(env=["COMMON=1"]),
+)
+
+
+def test_json_keys_are_the_specs() -> None:
+    data = to_dict(FULL)
+    assert list(data) == ["cdiVersion", "kind", "annotations", "devices", "containerEdits"]
+    device = data["devices"][0]
+    assert list(device) == ["name", "annotations", "containerEdits"]
+    edits = device["containerEdits"]
+    assert list(edits) == ["env", "deviceNodes", "netDevices", "hooks", "mounts", "intelRdt", "additionalGids"]
+    assert list(edits["deviceNodes"][0]) == ["path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"]
+    assert edits["netDevices"] == [{"hostInterfaceName": "eth3", "name": "net0"}]
+    assert edits["hooks"][0] == {"hookName": "createContainer", "path": "/usr/bin/hook", "args": ["hook", "x"], "env": ["H=1"], "timeout": 5}
+    assert edits["mounts"][0] == {"hostPath": "/srv/lib", "containerPath": "/lib/x", "options": ["ro", "bind"], "type": "bind"}
+    assert edits["intelRdt"] == {"closID": "c1", "l3CacheSchema": "L3:0=f", "memBwSchema": "MB:0=50", "schemata": ["L2:0=3"], "enableMonitoring": True}
+    assert edits["additionalGids"] == [44, 45]
+
+
+def test_round_trip() -> None:
+    assert from_json(to_json(FULL)) == FULL
+    assert from_dict(json.loads(to_json(FULL))) == FULL
+
+
+def test_empty_fields_are_left_out() -> None:
+    minimal = Spec(cdi_version="0.3.0", kind="example.com/fpga", devices=[Device("d0", ContainerEdits(device_nodes=[DeviceNode("/dev/x")]))])
+    assert to_dict(minimal) == {
+        "cdiVersion": "0.3.0",
+        "kind": "example.com/fpga",
+        "devices": [{"name": "d0", "containerEdits": {"deviceNodes": [{"path": "/dev/x"}]}}],
+    }
+    assert from_dict(to_dict(minimal)) == minimal
+
+
+def test_a_device_always_has_its_container_edits_key() -> None:
+    data = to_dict(Spec(cdi_version="0.3.0", kind="ab/cd", devices=[Device("d", ContainerEdits())]))
+    assert data["devices"][0]["containerEdits"] == {}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"cdiVersion": "0.3.0", "kind": "ab/cd", "devices": [], "extra": 1},
+        {"cdiVersion": "0.3.0", "kind": "ab/cd", "devices": [{"name": "d", "containerEdits": {"additionalGIDs": [1]}}]},
+        {"cdiVersion": "0.3.0", "kind": "ab/cd"},
+        {"cdiVersion": "0.3.0", "kind": "ab/cd", "devices": [{"name": "d"}]},
+    ],
+)
+def test_structuring_refuses_unknown_or_missing_keys(data: dict) -> None:
+    with pytest.raises(CdiError):
+        from_dict(data)
+
+
+def test_from_json_refuses_non_objects() -> None:
+    with pytest.raises(CdiError):
+        from_json("[]")
+    with pytest.raises(CdiError):
+        from_json("{")
+
+
+def test_build_spec(fpga_snapshot: model.DeviceSnapshot, schema_errors) -> None:
+    spec = build_spec("example.com/fpga", fpga_snapshot)
+    assert spec.kind == "example.com/fpga"
+    assert spec.cdi_version == "0.5.0"  # hostPath on the device nodes
+    assert spec.device_names() == ("fpga-0", "fpga-1", "fpga-2")
+    assert spec.container_edits == ContainerEdits(env=["FPGA_DRIVER=fake"])
+    dev = spec.devices[1]
+    assert dev.container_edits.env == ("FPGA_1=fpga-1",)
+    assert dev.container_edits.device_nodes == (DeviceNode("/dev/fpga1", host_path="/srv/dev/fpga1", permissions="rw"),)
+    # read-only bind mounts say so in their options, without a type (a type would need 0.4.0)
+    assert dev.container_edits.mounts == (Mount("/srv/fw/1", "/fw/1", options=["ro", "bind"]),)
+    assert schema_errors(to_dict(spec)) == []
+    assert check_spec(spec) == []
+
+
+def test_build_spec_keeps_things_minimal() -> None:
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga",
+        devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(
+            device_nodes=[model.DeviceNode(path="/dev/x", host_path="/dev/x")],
+            mounts=[model.Mount("/a", "/b", read_only=False, options=["rbind"])]))],
+    )
+    spec = build_spec("example.com/fpga", snap)
+    assert spec.cdi_version == "0.3.0"  # a hostPath equal to the path is not written
+    assert spec.devices[0].container_edits.mounts[0].options == ("rbind",)
+    assert "containerEdits" not in to_dict(spec)
+
+
+def test_build_spec_maps_bad_ids() -> None:
+    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"}))])
+    spec = build_spec("example.com/fpga", snap)
+    assert spec.device_names() == (device_name("a/b"),)
+    assert check_spec(spec) == []
+
+
+def test_a_device_without_edits_is_an_error_naming_it() -> None:
+    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[
+        model.Device(id="fpga-0", edits=model.ContainerEdits(env={"A": "1"})), model.Device(id="fpga-1")])
+    with pytest.raises(CdiError, match=r"example.com/fpga.*'fpga-1'.*no container edits"):
+        build_spec("example.com/fpga", snap)
+
+
+def test_ids_mapping_to_the_same_name_are_an_error() -> None:
+    clash = device_name("a/b")
+    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[
+        model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"})),
+        model.Device(id=clash, edits=model.ContainerEdits(env={"A": "2"}))])
+    with pytest.raises(CdiError, match="both map to CDI name"):
+        build_spec("example.com/fpga", snap)
+
+
+def test_bad_kind_is_an_error() -> None:
+    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="x", edits=model.ContainerEdits(env={"A": "1"}))])
+    with pytest.raises(CdiError):
+        build_spec("../etc", snap)
