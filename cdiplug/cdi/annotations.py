@@ -31,7 +31,7 @@ def key_name(plugin_name: str, device_id: str) -> str:
         raise CdiNameError("CDI annotation: the device ID is empty")
     # The reference library maps '/' to '_'; a name valid after that is used unchanged.
     name = f"{plugin_name}_{device_id.replace('/', '_')}"
-    if len(name) <= MAX_NAME_LENGTH and _VALID.match(name):
+    if len(name) <= MAX_NAME_LENGTH and _VALID.fullmatch(name):
         return name
     digest = hashlib.sha256(f"{plugin_name}\0{device_id}".encode()).hexdigest()[:_HASH_LENGTH]
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", name)

@@ -250,9 +250,9 @@ class _Checker:
         for key, value in annotations.items():
             total += len(key) + len(value)
             prefix, sep, name = key.rpartition("/")
-            if not _ANNOTATION_NAME.match(name) or len(name) > 63:
+            if not _ANNOTATION_NAME.fullmatch(name) or len(name) > 63:
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the name part must be 1-63 letters, digits, '-', '_', '.', starting and ending with a letter or digit")
-            if sep and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+            if sep and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the prefix must be a lower-case DNS subdomain")
         if total > 256 * 1024:
             self.problem(path, "annotations are larger than 256 KiB in total")
