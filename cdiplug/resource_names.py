@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
-_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# Used with fullmatch: Go's "$" matches only at the very end, Python's also before a final newline.
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def extended_resource_problem(name: str) -> str | None:
@@ -21,16 +22,17 @@ def extended_resource_problem(name: str) -> str | None:
     prefix, _, rest = name.partition("/")
     if "/" in rest:
         return f"resource name {name!r} has more than one '/'"
-    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+    # The kubelet's IsPrefixedNativeResource: any name containing "kubernetes.io/" is native.
+    if "kubernetes.io/" in name:
         return f"resource name {name!r} is in the kubernetes.io domain, which is reserved for native resources"
     if name.startswith("requests."):
         return f"resource name {name!r} must not start with 'requests.'"
-    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
         return f"resource name {name!r}: prefix {prefix!r} is not a DNS-1123 subdomain (lower case, digits, '-', '.')"
     # The kubelet also checks "requests." + name, whose prefix then is "requests.<prefix>".
     if len("requests." + prefix) > 253:
         return f"resource name {name!r}: prefix is too long"
-    if not rest or len(rest) > 63 or not _QUALIFIED_NAME_PART.match(rest):
+    if not rest or len(rest) > 63 or not _QUALIFIED_NAME_PART.fullmatch(rest):
         return (
             f"resource name {name!r}: {rest!r} must be at most 63 characters of letters, digits, "
             "'-', '_' or '.', starting and ending with a letter or digit"
