@@ -20,7 +20,7 @@ import attrs
 from .model import DeviceSnapshot
 
 SEPARATOR = "::"
-_REPLICA = re.compile(r"^(?P<id>.+)::(?P<index>0|[1-9][0-9]*)$", re.DOTALL)
+_REPLICA = re.compile(r"(?P<id>.+)::(?P<index>0|[1-9][0-9]*)", re.DOTALL)
 
 
 def replica_id(device_id: str, index: int) -> str:
@@ -41,11 +41,11 @@ def expand(snapshot: DeviceSnapshot, n: int) -> DeviceSnapshot:
 
 def underlying(advertised_id: str) -> str:
     """The backend's device ID behind an advertised ID: ``gpu-0::2`` -> ``gpu-0``; others unchanged."""
-    m = _REPLICA.match(advertised_id)
+    m = _REPLICA.fullmatch(advertised_id)
     return m.group("id") if m else advertised_id
 
 
 def replica_index(advertised_id: str) -> int | None:
     """``gpu-0::2`` -> 2; None for an ID that is not a replica ID."""
-    m = _REPLICA.match(advertised_id)
+    m = _REPLICA.fullmatch(advertised_id)
     return int(m.group("index")) if m else None

@@ -52,6 +52,7 @@ def test_zero_replicas_is_refused():
         ("gpu-0::01", "gpu-0::01", None),
         ("gpu-0::x", "gpu-0::x", None),
         ("::3", "::3", None),
+        ("gpu-0::3\n", "gpu-0::3\n", None),
     ],
 )
 def test_underlying_and_index(advertised, device, index):
