@@ -149,8 +149,9 @@ class PodResult:
 
 # --- the kubelet's checks on RegisterRequest -------------------------------------------------
 
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# Used with fullmatch: Go's "$" is the very end; Python's would also match before a final newline.
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def is_extended_resource_name(name: str) -> bool:
@@ -163,9 +164,9 @@ def is_extended_resource_name(name: str) -> bool:
     if len(parts) != 2:
         return False
     prefix, rest = parts
-    if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+    if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
         return False
-    return 0 < len(rest) <= 63 and bool(_QUALIFIED_NAME.match(rest))
+    return 0 < len(rest) <= 63 and bool(_QUALIFIED_NAME.fullmatch(rest))
 
 
 def _options(message: pb.DevicePluginOptions) -> PluginOptions:
@@ -594,6 +595,4 @@ class KubeletStandIn:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__
+    return "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__

@@ -192,6 +192,8 @@ async def test_register_refuses_what_the_kubelet_refuses(
         ("example.com/" + "a" * 64, False),
         ("example.com/-fpga", False),
         ("example.com/", False),
+        ("example.com/fpga\n", False),  # Go's "$" does not match before a final newline
+        ("example.com\n/fpga", False),
     ],
 )
 def test_extended_resource_name_rules(name: str, ok: bool) -> None:
