@@ -8,24 +8,34 @@ plugin declares, with the same converter, so backends get the same strictness an
 
 from __future__ import annotations
 
+import collections.abc
+import enum
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import enum
-
 import attrs
 import cattrs
+import cattrs.cols
+import cattrs.gen
 import yaml
 from attrs import field, frozen
 
 from .backend import BackendPlugin, load_plugins
 from .cdi.names import kind_problem
-from .errors import BackendNotFound, ConfigError
+from .errors import BackendError, BackendNotFound, ConfigError
 from .model import DEFAULT_ALLOCATE, AllocatePart
 from .resource_names import extended_resource_problem, socket_name
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def _strict(kind: type | tuple[type, ...], label: str) -> Any:
@@ -33,10 +43,49 @@ def _strict(kind: type | tuple[type, ...], label: str) -> Any:
         if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
             raise ValueError(f"expected {label}, got a boolean")
         if not isinstance(value, kind):
-            raise ValueError(f"expected {label}, got {type(value).__name__} {value!r}")
+            raise ValueError(f"expected {label}, got {_describe(value)}")
         return value
 
     return hook
+
+
+def _is_list_type(t: Any) -> bool:
+    origin = typing.get_origin(t)
+    if origin is tuple:
+        args = typing.get_args(t)
+        return len(args) == 2 and args[1] is Ellipsis
+    return origin in (list, collections.abc.Sequence)
+
+
+def _list_hook(t: Any) -> Any:
+    """Lists only: cattrs alone would take a string as a list of characters, a mapping as its keys."""
+    if typing.get_origin(t) is tuple:
+        inner = cattrs.cols.homogenous_tuple_structure_factory(t, converter)
+    else:
+        inner = cattrs.cols.list_structure_factory(t, converter)
+
+    def hook(value: Any, type_: Any) -> Any:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"expected a list, got {_describe(value)}")
+        return inner(value, type_)
+
+    return hook
+
+
+def _attrs_hook(cl: type) -> Any:
+    """Mappings only, so that ``resources: [5]`` says so instead of cattrs' internal wording."""
+    inner = cattrs.gen.make_dict_structure_fn(cl, converter)
+
+    def hook(value: Any, type_: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a mapping, got {_describe(value)}")
+        return inner(value, type_)
+
+    return hook
+
+
+converter.register_structure_hook_factory(_is_list_type, _list_hook)
+converter.register_structure_hook_factory(attrs.has, _attrs_hook)
 
 
 converter.register_structure_hook(int, _strict(int, "an integer"))
@@ -64,6 +113,10 @@ register_enum(AllocatePart)
 
 
 def _format_exception(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        unknown = ", ".join(repr(k) for k in sorted(exc.extra_fields))
+        allowed = ", ".join(a.alias or a.name for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else ""
+        return f"unknown key{'s' if len(exc.extra_fields) > 1 else ''} {unknown}" + (f" (allowed: {allowed})" if allowed else "")
     if isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], str):
         return exc.args[0]
     return cattrs.v.format_exception(exc, type_)
@@ -189,7 +242,11 @@ def parse_config(
         if r.backend not in plugins:
             known = ", ".join(sorted(plugins)) or "none installed"
             raise BackendNotFound(f"unknown backend {r.backend!r} (known: {known})", f"{at}.backend", source)
-        options = structure_options(plugins[r.backend].options_type, r.options, f"{at}.options", source)
+        try:
+            plugin = plugins[r.backend]
+        except BackendError as exc:  # installed, but its package cannot be imported
+            raise BackendNotFound(str(exc), f"{at}.backend", source) from exc
+        options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
         resources.append(
             ResourceConfig(
                 name=r.name,
@@ -209,9 +266,11 @@ def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlu
         return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "<built-in default>", plugins)
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read configuration: {exc.strerror}", "$", source) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not valid YAML: not UTF-8 text (byte {exc.start})", "$", source) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
