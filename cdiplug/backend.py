@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from attrs import frozen
 
+from .errors import BackendInitError
 from .model import Device, DeviceSnapshot, PreferredRequest
 from .world import World
 
@@ -122,7 +123,8 @@ class PluginRegistry(Mapping[str, BackendPlugin]):
     """Installed backend plugins by name, each imported only when first asked for.
 
     So a node without NVML never imports the NVIDIA backend unless a resource names it. A broken
-    plugin fails loudly, naming its entry point.
+    plugin fails loudly, naming its entry point (:class:`BackendInitError`; the config loader
+    reports it at the resource's ``backend`` field).
     """
 
     def __init__(self, plugins: Mapping[str, BackendPlugin] | None = None) -> None:
@@ -132,9 +134,14 @@ class PluginRegistry(Mapping[str, BackendPlugin]):
     def __getitem__(self, name: str) -> BackendPlugin:
         if name not in self._loaded:
             ep = self._entry_points[name]
-            plugin = ep.load()
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a missing dependency, a syntax error: name the entry point
+                raise BackendInitError(
+                    f"backend {name!r} cannot be loaded from entry point {ep.value}: {type(exc).__name__}: {exc}"
+                ) from exc
             if not isinstance(plugin, BackendPlugin):
-                raise TypeError(f"entry point {ep.name} = {ep.value} is not a cdiplug.backend.BackendPlugin")
+                raise BackendInitError(f"entry point {ep.name} = {ep.value} is not a cdiplug.backend.BackendPlugin")
             self._loaded[name] = plugin
         return self._loaded[name]
 
