@@ -1,0 +1,289 @@
+"""End to end with a REAL runtime: CDI names from cdiplug's Allocate answers, given to real podman
+(4.3, runc) as ``podman run --device``, give each container the env, device nodes and mounts of the
+spec cdiplug wrote to /var/run/cdi — and nothing of the other containers' devices.
+
+The daemon runs in-process against the kubelet stand-in (``cdiplug.testing.KubeletStandIn``, real
+gRPC over unix sockets), which admits two pods. Three resources: two fake ones with several
+devices (env only) and a test-only backend, defined here and passed in as a ``BackendPlugin``,
+whose devices carry a real character device node (made with mknod) and a read-only bind mount.
+Podman runs from ``hack/podman-setup.sh`` (its own config and storage in a temporary folder, a
+busybox image imported from the static binary). podman reads specs only from /etc/cdi and
+/var/run/cdi, so the daemon writes there; the test removes exactly the files it wrote. Needs root,
+podman, runc and busybox-static; when they are missing the test fails and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from attrs import frozen
+
+from cdiplug.backend import BackendPlugin, SnapshotSink
+from cdiplug.cdi.validate import check_file
+from cdiplug.cdi.version import parse
+from cdiplug.cdi.writer import SpecWriter
+from cdiplug.config import ResourceConfig
+from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
+from cdiplug.world import World
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CDI_DIR = Path("/var/run/cdi")  # with /etc/cdi, the only folder podman 4.3 reads specs from
+IMAGE = "localhost/cdiplug-busybox:e2e"
+FPGA, NIC, NODE = "e2e.cdiplug.test/fpga", "e2e.cdiplug.test/nic", "e2e.cdiplug.test/node"
+RESOURCES = (FPGA, NIC, NODE)
+PODMAN_MAX_VERSION = "0.5.0"  # podman 4.3 refuses specs with a newer cdiVersion
+
+
+# --- a test-only backend: devices with a real device node and a bind mount ---------------------
+
+
+@frozen
+class NodeOptions:
+    folder: Path
+    count: int = 2
+
+
+NODE_NUMBERS = ((1, 3), (1, 5))  # /dev/null and /dev/zero: harmless to read and write
+
+
+def make_node_devices(folder: Path, count: int) -> None:
+    """What a driver would have made on the host: device nodes and a folder per device."""
+    for i in range(count):
+        node = folder / f"node{i}"
+        if not node.exists():
+            major, minor = NODE_NUMBERS[i % len(NODE_NUMBERS)]
+            os.mknod(node, 0o666 | 0o020000, os.makedev(major, minor))
+        share = folder / f"share{i}"
+        share.mkdir(exist_ok=True)
+        (share / "content").write_text(f"share of node-{i}\n")
+
+
+class NodeBackend:
+    def __init__(self, resources: Sequence[ResourceConfig], world: World) -> None:
+        self.resources = tuple(resources)
+
+    def snapshot(self, resource: ResourceConfig) -> DeviceSnapshot:
+        opts: NodeOptions = resource.options
+        devices = [
+            Device(
+                id=f"node-{i}",
+                edits=ContainerEdits(
+                    env={f"E2E_NODE_{i}": f"node-{i}"},
+                    device_nodes=[DeviceNode(path=f"/dev/e2e-node{i}", host_path=str(opts.folder / f"node{i}"), permissions="rw")],
+                    mounts=[Mount(host_path=str(opts.folder / f"share{i}"), container_path=f"/mnt/e2e-{i}", read_only=True)],
+                ),
+            )
+            for i in range(opts.count)
+        ]
+        return DeviceSnapshot(resource=resource.name, devices=devices, common_edits=ContainerEdits(env={"E2E_NODE_DRIVER": "mknod"}))
+
+    async def run(self, sink: SnapshotSink) -> None:
+        for resource in self.resources:
+            sink.publish(self.snapshot(resource))
+        await asyncio.Event().wait()
+
+
+NODE_PLUGIN = BackendPlugin(name="e2e-node", options_type=NodeOptions, create=NodeBackend)
+
+
+# --- podman --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def podman_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    if missing or not Path("/bin/busybox").exists():
+        pytest.fail(
+            f"the CDI e2e test needs podman, runc and busybox-static; missing: {', '.join(missing) or '/bin/busybox'} "
+            "(apt-get install podman runc busybox-static)"
+        )
+    if os.geteuid() != 0:
+        pytest.fail("the CDI e2e test needs root: podman reads CDI specs only from /etc/cdi and /var/run/cdi")
+    folder = tmp_path_factory.mktemp("podman")
+    setup = subprocess.run([str(REPO / "hack" / "podman-setup.sh"), str(folder), IMAGE], capture_output=True, text=True, timeout=300)
+    if setup.returncode != 0:
+        pytest.fail(f"hack/podman-setup.sh failed:\n{setup.stderr}")
+    env = dict(os.environ, CONTAINERS_CONF=str(folder / "containers.conf"), CONTAINERS_STORAGE_CONF=str(folder / "storage.conf"))
+    try:
+        yield env
+    finally:
+        subprocess.run(["podman", "rm", "--all", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# Prints what the container sees, one fact a line, for parse_report().
+REPORT_SCRIPT = r"""
+env | sort | sed 's/^/ENV /'
+for f in /dev/e2e-*; do [ -e "$f" ] && echo "NODE $f $(stat -c '%F %t:%T' "$f")"; done
+for f in /dev/e2e-*; do [ -e "$f" ] && { echo x > "$f" && echo "WRITE $f ok" || echo "WRITE $f denied"; }; done
+grep ' /mnt/e2e-' /proc/mounts | while read -r src dst type opts rest; do echo "MOUNT $dst $opts"; done
+for d in /mnt/e2e-*; do [ -d "$d" ] && echo "FILE $d $(cat "$d/content")"; done
+for d in /mnt/e2e-*; do [ -d "$d" ] && { touch "$d/new" 2>/dev/null && echo "TOUCH $d ok" || echo "TOUCH $d denied"; }; done
+true
+"""
+
+
+@frozen
+class Report:
+    env: dict[str, str]
+    nodes: dict[str, str]
+    writes: dict[str, str]
+    mounts: dict[str, str]
+    files: dict[str, str]
+    touches: dict[str, str]
+
+
+def parse_report(text: str) -> Report:
+    sections: dict[str, dict[str, str]] = {k: {} for k in ("ENV", "NODE", "WRITE", "MOUNT", "FILE", "TOUCH")}
+    for line in text.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag == "ENV":
+            key, _, value = rest.partition("=")
+            sections["ENV"][key] = value
+        elif tag in sections:
+            key, _, value = rest.partition(" ")
+            sections[tag][key] = value
+    return Report(sections["ENV"], sections["NODE"], sections["WRITE"], sections["MOUNT"], sections["FILE"], sections["TOUCH"])
+
+
+async def podman_run(env: dict[str, str], cdi_devices: Sequence[str]) -> Report:
+    args = ["podman", "run", "--rm", "--network", "none"]
+    for name in cdi_devices:
+        args += ["--device", name]
+    args += [IMAGE, "/bin/sh", "-c", REPORT_SCRIPT]
+    proc = await asyncio.create_subprocess_exec(*args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    if proc.returncode != 0:
+        # podman's real CDI errors show only at debug level: run it again to say why.
+        debug = subprocess.run(["podman", "--log-level=debug", *args[1:]], env=env, capture_output=True, text=True, timeout=120)
+        pytest.fail(f"{' '.join(args[:-1])} failed ({proc.returncode}): {err.decode()}\n--- debug:\n{debug.stderr[-4000:]}")
+    return parse_report(out.decode())
+
+
+# --- the specs -----------------------------------------------------------------------------
+
+
+@frozen
+class Expected:
+    """What a container given some CDI devices must see, and what it must not, from the specs."""
+
+    env: dict[str, str]
+    nodes: set[str]
+    mounts: set[str]
+    absent_env: set[str]
+    absent_nodes: set[str]
+    absent_mounts: set[str]
+
+
+def expected_from_specs(specs: dict[str, dict[str, Any]], cdi_devices: Sequence[str]) -> Expected:
+    wanted = set(cdi_devices)
+    env: dict[str, str] = {}
+    nodes: set[str] = set()
+    mounts: set[str] = set()
+    others_env: set[str] = set()
+    others_nodes: set[str] = set()
+    others_mounts: set[str] = set()
+    for kind, spec in specs.items():
+        used = any(name.startswith(kind + "=") for name in wanted)
+        if used:
+            env.update(e.split("=", 1) for e in spec.get("containerEdits", {}).get("env", []))
+        for device in spec["devices"]:
+            edits = device["containerEdits"]
+            mine = f"{kind}={device['name']}" in wanted
+            for entry in edits.get("env", []):
+                key, _, value = entry.partition("=")
+                if mine:
+                    env[key] = value
+                else:
+                    others_env.add(key)
+            (nodes if mine else others_nodes).update(n["path"] for n in edits.get("deviceNodes", []))
+            (mounts if mine else others_mounts).update(m["containerPath"] for m in edits.get("mounts", []))
+    return Expected(env, nodes, mounts, others_env - env.keys(), others_nodes - nodes, others_mounts - mounts)
+
+
+def check_container(report: Report, expected: Expected, label: str) -> None:
+    for key, value in expected.env.items():
+        assert report.env.get(key) == value, f"{label}: env {key}={value} missing (got {report.env.get(key)!r})"
+    assert not expected.absent_env & report.env.keys(), f"{label}: sees env of other devices: {expected.absent_env & report.env.keys()}"
+    assert set(report.nodes) == expected.nodes, f"{label}: device nodes {sorted(report.nodes)}, want {sorted(expected.nodes)}"
+    for node, what in report.nodes.items():
+        assert what.startswith("character special file"), f"{label}: {node} is {what}"
+        assert report.writes[node] == "ok", f"{label}: cannot write {node} (device cgroup?)"
+    assert set(report.mounts) == expected.mounts, f"{label}: mounts {sorted(report.mounts)}, want {sorted(expected.mounts)}"
+    for mount in expected.mounts:
+        assert "ro" in report.mounts[mount].split(","), f"{label}: {mount} is not read-only: {report.mounts[mount]}"
+        assert report.touches[mount] == "denied", f"{label}: could write into read-only {mount}"
+        index = mount.rsplit("-", 1)[1]
+        assert report.files[mount] == f"share of node-{index}", f"{label}: wrong content in {mount}"
+    assert not expected.absent_nodes & set(report.nodes) and not expected.absent_mounts & set(report.mounts)
+
+
+@pytest.fixture
+def cdi_files() -> Iterator[list[Path]]:
+    """The spec files this test may write into /var/run/cdi: refuses to clobber existing ones
+    (another run or a real cdiplug), removes exactly these afterwards."""
+    writer = SpecWriter(CDI_DIR)
+    paths = [writer.path_for(kind) for kind in RESOURCES]
+    clobbered = [p for p in paths if p.exists()]
+    for p in clobbered:  # only our own e2e kinds: left over from an interrupted run
+        p.unlink()
+    try:
+        yield paths
+    finally:
+        for p in paths:
+            p.unlink(missing_ok=True)
+
+
+def read_specs(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    specs = {}
+    for path in paths:
+        assert check_file(path) == [], check_file(path)
+        spec = json.loads(path.read_text())
+        assert parse(spec["cdiVersion"]) <= parse(PODMAN_MAX_VERSION), f"{path}: cdiVersion {spec['cdiVersion']} is too new for podman 4.3"
+        assert path.stat().st_mode & 0o7777 == 0o644
+        specs[spec["kind"]] = spec
+    return specs
+
+
+def config_yaml(folder: Path) -> str:
+    return (
+        "resources:\n"
+        f"  - {{name: {FPGA}, backend: fake, options: {{count: 3}}}}\n"
+        f"  - {{name: {NIC}, backend: fake, options: {{count: 2}}}}\n"
+        f"  - {{name: {NODE}, backend: e2e-node, options: {{folder: {folder}, count: 2}}}}\n"
+    )
+
+
+async def test_writer_specs_in_podman(podman_env: dict[str, str], cdi_files: list[Path], tmp_path: Path) -> None:
+    import yaml
+    from backends.fake import plugin as fake_plugin
+    from cdiplug.cdi.names import device_name, qualified_name
+    from cdiplug.config import parse_config
+    from cdiplug.discovery import discover_once
+
+    plugins = {"fake": fake_plugin, "e2e-node": NODE_PLUGIN}
+    make_node_devices(tmp_path, 2)
+    config = parse_config(yaml.safe_load(config_yaml(tmp_path)), "e2e", plugins)
+    snapshots = await discover_once(config, World(cdi_dir=CDI_DIR), plugins)
+    writer = SpecWriter(CDI_DIR)
+    for r in config.resources:
+        writer.write(r.cdi_kind, snapshots[r.name])
+    specs = read_specs(cdi_files)
+    pods = {
+        "pod-a": [(FPGA, "fpga-0"), (FPGA, "fpga-1"), (NIC, "nic-0"), (NODE, "node-0")],
+        "pod-b": [(FPGA, "fpga-2"), (NIC, "nic-1"), (NODE, "node-1")],
+    }
+    for pod, devices in pods.items():
+        names = [qualified_name(k, device_name(i)) for k, i in devices]
+        report = await podman_run(podman_env, names)
+        check_container(report, expected_from_specs(specs, names), pod)
