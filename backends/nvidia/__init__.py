@@ -1,0 +1,36 @@
+"""The NVIDIA backend: GPUs found through NVML, advertised by UUID, with topology and XID health.
+
+Options (``backends.nvidia.options``): ``selectors`` split a node's GPUs into several resources
+(model glob, memory range, UUIDs, indices; the first resource that selects a GPU gets it; none:
+every GPU), ``fail_on_init_error``, ``driver_root``/``driver_files``, ``ignored_xids``,
+``reprobe_interval_s``, ``clean_probes``, ``replica_strategy``.
+
+Device ID = the GPU UUID. Each GPU brings ``/dev/nvidia<minor>``; the resource adds the control
+nodes found under ``--dev-root`` and sets ``NVIDIA_VISIBLE_DEVICES`` to the allocated UUIDs.
+
+CDI kind: the NVIDIA container toolkit writes ``nvidia.com/gpu`` (``nvidia-ctk cdi generate``),
+the NVIDIA device plugin ``k8s.device-plugin.nvidia.com/gpu`` and its DRA driver
+``k8s.gpu.nvidia.com/...``. A resource of this backend should use a kind none of them writes:
+:func:`~.cdi_kind.default_cdi_kind` gives ``cdiplug.<resource>`` (``cdiplug.nvidia.com/gpu`` for
+``nvidia.com/gpu``), and the backend warns when a resource's kind is one the NVIDIA tools own.
+"""
+
+from __future__ import annotations
+
+from cdiplug.backend import BackendPlugin
+
+from .backend import NvidiaBackend
+from .cdi_kind import NVIDIA_OWNED_KINDS, default_cdi_kind
+from .options import GpuSelector, NvidiaOptions, ReplicaStrategy
+
+plugin = BackendPlugin(name="nvidia", options_type=NvidiaOptions, create=NvidiaBackend)
+
+__all__ = [
+    "NVIDIA_OWNED_KINDS",
+    "GpuSelector",
+    "NvidiaBackend",
+    "NvidiaOptions",
+    "ReplicaStrategy",
+    "default_cdi_kind",
+    "plugin",
+]
