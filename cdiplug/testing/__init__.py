@@ -17,6 +17,7 @@ _EXPORTS = {
     "KubeletStandIn": "kubelet",
     "SysfsTree": "sysfs",
     "FakeNvml": "nvml",
+    "PodResourcesStandIn": "pod_resources",
 }
 
 __all__ = list(_EXPORTS)

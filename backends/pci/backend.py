@@ -1,0 +1,328 @@
+"""The PCI backend on the event loop: scanning, watching, preparing (binding) and releasing.
+
+:class:`PciBackend` serves every resource configured with ``backend: pci``. ``run``:
+
+1. finishes or rolls back what a crash left half done (``vfio.VfioBinder.recover``),
+2. scans sysfs and publishes a snapshot per resource (``discovery``),
+3. rescans on every pyudev event of a PCI device (add, remove, bind, unbind) read through
+   ``loop.add_reader`` on the monitor's file descriptor — ``world.udev_monitor`` when given, else
+   a netlink monitor when ``--sysfs-root`` is a real sysfs — and every ``rescan_interval`` seconds
+   as a fallback (fake trees have no udev); a removed function leaves its snapshot at once,
+4. follows link state through netlink for resources with ``link_health`` (a network function
+   whose interface is down is Unhealthy),
+5. restores unheld functions for resources with ``release: restore`` (``release``).
+
+``prepare`` (the :class:`~cdiplug.backend.Preparer` ability) binds a device's whole IOMMU group
+to vfio-pci after the safety checks (``safety``), one group at a time across all resources (an
+``asyncio.Lock`` per group here, an ``flock`` per group in the state folder against
+``cdiplug vfio`` at a shell), then rescans so the new driver shows. Blocking work runs in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from cdiplug.backend import SnapshotSink
+from cdiplug.config import ResourceConfig
+from cdiplug.errors import BackendError, CdiplugError, PreparationError
+from cdiplug.model import Device, DeviceSnapshot
+from cdiplug.world import World
+
+from .discovery import Recorded, Selection, denied_by, group_node, select_all, to_snapshot
+from .journal import BoundRecord, Journal
+from .links import LinkStates
+from .options import PciOptions
+from .release import Lister, Releaser
+from .safety import FunctionInUse, SafetyChecker
+from .sysfs import PciSysfs, PciTopology
+from .vfio import VFIO_DRIVER, RestoreResult, SysfsWriter, VfioBinder
+
+log = logging.getLogger(__name__)
+
+
+@frozen
+class ScanState:
+    """One scan and what every resource made of it."""
+
+    topology: PciTopology
+    selections: Mapping[str, Selection]
+    snapshots: Mapping[str, DeviceSnapshot]
+    recorded: Mapping[str, BoundRecord]
+
+
+class PciBackend:
+    """The ``pci`` backend (see the module docstring)."""
+
+    def __init__(
+        self,
+        resources: Sequence[ResourceConfig],
+        world: World,
+        *,
+        writer: SysfsWriter | None = None,
+        netns: str | None = None,
+        lister: Lister | None = None,
+        verify_timeout: float | None = None,
+    ) -> None:
+        self.resources = tuple(resources)
+        self.world = world
+        self.options: dict[str, PciOptions] = {r.name: r.options for r in self.resources}
+        self.sysfs = PciSysfs(world.sysfs_root)
+        self.journal = Journal(world.state_dir)
+        self.binder = VfioBinder(self.sysfs, self.journal, world.dev_root, writer)
+        if verify_timeout is not None:
+            self.binder.verify_timeout = verify_timeout
+        self.safety = {
+            name: SafetyChecker(self.sysfs, o.mountinfo, o.proc_root, netns) for name, o in self.options.items()
+        }
+        self.links = LinkStates(netns) if any(o.link_health for o in self.options.values()) else None
+        releaser_args: dict[str, Any] = {"lister": lister} if lister is not None else {}
+        self.releaser = Releaser(self.options, self.journal, world.pod_resources_socket, self.restore, **releaser_args)
+        self.state: ScanState | None = None
+        self._sink: SnapshotSink | None = None
+        self._published: dict[str, DeviceSnapshot] = {}
+        self._scan_lock = asyncio.Lock()
+        self._group_locks: dict[str, asyncio.Lock] = {}
+        self._udev_pending: list[tuple[str, str]] = []
+        self._udev_event = asyncio.Event()
+
+    # -- scanning ------------------------------------------------------------------------------
+
+    def _scan_sync(self) -> tuple[PciTopology, Mapping[str, BoundRecord], bool, bool]:
+        topology = self.sysfs.scan()
+        recorded = self.journal.all_bound()
+        iommufd = self.world.host_path("/dev/iommu").exists()
+        return topology, recorded, self.sysfs.noiommu_enabled(), iommufd
+
+    def _unhealthy(self, topology: PciTopology) -> set[str]:
+        """Functions with a network interface that netlink reports down (``link_health``)."""
+        if self.links is None:
+            return set()
+        return {fn.address for fn in topology.functions.values() if fn.netdevs and self.links.down(fn.netdevs)}
+
+    async def rescan(self) -> ScanState:
+        """Scan sysfs, publish what changed, and return the new state."""
+        async with self._scan_lock:
+            try:
+                topology, records, noiommu, iommufd = await asyncio.to_thread(self._scan_sync)
+            except (OSError, CdiplugError) as exc:
+                raise BackendError(f"cannot scan PCI functions under {self.world.sysfs_root}: {exc}") from exc
+            recorded = {a: Recorded(r.original_driver, r.netdevs) for a, r in records.items()}
+            selections = select_all(topology, self.resources, recorded, noiommu)
+            unhealthy = self._unhealthy(topology)
+            snapshots = {
+                r.name: to_snapshot(
+                    selections[r.name],
+                    r.options,
+                    topology,
+                    recorded,
+                    unhealthy if r.options.link_health else (),
+                    iommufd,
+                )
+                for r in self.resources
+            }
+            self.state = ScanState(topology, selections, snapshots, records)
+            self._publish(snapshots)
+            return self.state
+
+    def _publish(self, snapshots: Mapping[str, DeviceSnapshot]) -> None:
+        for name, snap in snapshots.items():
+            if self._published.get(name) != snap or name not in self._published:
+                for address, reason in snap.skipped:
+                    if address not in dict(self._published[name].skipped if name in self._published else ()):
+                        log.info("not advertising %s: %s", address, reason, extra={"resource": name})
+                self._published[name] = snap
+                if self._sink is not None:
+                    self._sink.publish(snap)
+
+    def _drop(self, addresses: set[str]) -> None:
+        """Take removed functions out of every snapshot at once, before the rescan confirms it."""
+        dropped = {
+            name: snap.with_devices(d for d in snap.devices if d.id not in addresses)
+            for name, snap in self._published.items()
+            if any(d.id in addresses for d in snap.devices)
+        }
+        self._publish(dropped)
+
+    # -- run -------------------------------------------------------------------------------------
+
+    async def run(self, sink: SnapshotSink) -> None:
+        self._sink = sink
+        try:
+            for line in await asyncio.to_thread(self.binder.recover):
+                log.warning("journal recovery: %s", line)
+        except CdiplugError as exc:
+            # A group we cannot put right must not keep every other device from being served.
+            log.error("journal recovery failed: %s (it is tried again before that group is used)", exc)
+        self._published.clear()
+        await self.rescan()
+        monitor = self._open_monitor()
+        tasks = [asyncio.create_task(self._rescan_periodically(), name="pci:rescan")]
+        if monitor is not None:
+            tasks.append(asyncio.create_task(self._watch_udev(monitor), name="pci:udev"))
+        if self.links is not None:
+            tasks.append(asyncio.create_task(self.links.run(self._links_changed), name="pci:links"))
+        if self.releaser.active:
+            tasks.append(asyncio.create_task(self.releaser.run(), name="pci:release"))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                exc = task.exception()
+                if exc is not None:
+                    if isinstance(exc, BackendError):
+                        raise exc
+                    raise BackendError(f"PCI backend task {task.get_name()} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if monitor is not None and monitor is not self.world.udev_monitor:
+                close = getattr(monitor, "close", None)
+                if close is not None:
+                    close()
+
+    async def _rescan_periodically(self) -> None:
+        interval = min((o.rescan_interval for o in self.options.values()), default=30.0)
+        while True:
+            await asyncio.sleep(interval)  # the fallback timer: udev events drive the prompt rescans
+            await self.rescan()
+
+    def _links_changed(self) -> None:
+        if self.state is not None:
+            asyncio.get_running_loop().create_task(self.rescan(), name="pci:rescan-links")
+
+    def _open_monitor(self) -> Any:
+        if self.world.udev_monitor is not None:
+            return self.world.udev_monitor
+        if not (self.world.sysfs_root / "kernel" / "uevent_seqnum").exists():
+            return None  # not a real sysfs: nothing will send events about it
+        try:
+            import pyudev
+
+            source = "udev" if Path("/run/udev/control").exists() else "kernel"
+            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
+            monitor.filter_by("pci")
+            return monitor
+        except (ImportError, OSError, pyudev.DeviceNotFoundError) as exc:  # type: ignore[attr-defined]
+            log.warning("no udev monitor (%s): relying on the periodic rescan", exc)
+            return None
+
+    def _on_udev_readable(self, monitor: Any) -> None:
+        while True:
+            try:
+                event = monitor.poll(timeout=0)
+            except OSError as exc:
+                log.warning("reading a udev event failed: %s", exc)
+                return
+            if event is None:
+                break
+            if getattr(event, "subsystem", "pci") == "pci":
+                self._udev_pending.append((str(event.action), str(event.sys_name)))
+        if self._udev_pending:
+            self._udev_event.set()
+
+    async def _watch_udev(self, monitor: Any) -> None:
+        start = getattr(monitor, "start", None)
+        if start is not None:
+            start()
+        loop = asyncio.get_running_loop()
+        fd = monitor.fileno()
+        loop.add_reader(fd, self._on_udev_readable, monitor)
+        try:
+            while True:
+                await self._udev_event.wait()
+                self._udev_event.clear()
+                events, self._udev_pending = self._udev_pending, []
+                removed = {name for action, name in events if action == "remove"}
+                if removed:
+                    self._drop(removed)
+                await self.rescan()
+        finally:
+            loop.remove_reader(fd)
+
+    # -- prepare -----------------------------------------------------------------------------------
+
+    def _group_lock(self, group: str) -> asyncio.Lock:
+        return self._group_locks.setdefault(group, asyncio.Lock())
+
+    async def prepare(self, resource: str, devices: Sequence[Device]) -> None:
+        options = self.options.get(resource)
+        if options is None:
+            raise PreparationError(devices[0].id if devices else "?", f"resource {resource} is not served by the PCI backend")
+        if not options.vfio or not devices:
+            return
+        groups: dict[str, list[Device]] = {}
+        for d in devices:
+            groups.setdefault(d.prepare_group or f"noiommu:{d.id}", []).append(d)
+        try:
+            for group in sorted(groups):
+                async with self._group_lock(group):
+                    await self._prepare_group(resource, options, groups[group])
+        finally:
+            await self.rescan()
+
+    async def _prepare_group(self, resource: str, options: PciOptions, devices: Sequence[Device]) -> None:
+        state = await self.rescan()
+        selection = state.selections[resource]
+        advertised = {fn.address: fn for fn in selection.functions}
+        skipped = dict(selection.skipped)
+        for d in devices:
+            if d.id not in advertised:
+                why = skipped.get(d.id) or ("gone from sysfs" if d.id not in state.topology.functions else "no longer selected")
+                raise PreparationError(d.id, f"not advertised any more: {why}")
+        first = advertised[devices[0].id]
+        group = first.iommu_group or f"noiommu:{first.address}"
+        members = selection.group_members.get(group, (first.address,))
+        functions = [state.topology.functions[a] for a in members if a in state.topology.functions]
+        need = [fn for fn in functions if fn.driver != VFIO_DRIVER]
+        if need and not options.force:
+            denied = {fn.address: e for fn in need if (e := denied_by(options, fn.address)) is not None}
+            await self.safety[resource].check_bind(need, denied)
+        try:
+            await asyncio.to_thread(self.binder.bind_group, group, members, resource)
+        except PreparationError:
+            raise
+        except CdiplugError as exc:
+            raise PreparationError(first.address, str(exc)) from exc
+
+    # -- restore -----------------------------------------------------------------------------------
+
+    async def restore(self, addresses: Sequence[str], force: bool = False) -> list[RestoreResult]:
+        """Give functions back to their original drivers, by IOMMU group (refusing groups in use)."""
+        state = self.state or await self.rescan()
+        by_group: dict[str, list[str]] = {}
+        for address in addresses:
+            fn = state.topology.functions.get(address)
+            if fn is None:
+                raise PreparationError(address, "not found in sysfs")
+            by_group.setdefault(fn.iommu_group or f"noiommu:{address}", []).append(address)
+        results = []
+        try:
+            for group, members in sorted(by_group.items()):
+                async with self._group_lock(group):
+                    if not force and not group.startswith("noiommu:"):
+                        # /proc/<pid>/fd links name the node as processes see it: /dev/vfio/<group>.
+                        node = group_node(group, state.topology)
+                        holders = await asyncio.to_thread(self._any_safety().open_by, Path(node))
+                        if holders:
+                            raise FunctionInUse(members[0], f"{node} is open by {', '.join(holders)}")
+                    results.append(await asyncio.to_thread(self.binder.restore_group, group, members))
+        finally:
+            await self.rescan()
+        return results
+
+    def _any_safety(self) -> SafetyChecker:
+        return next(iter(self.safety.values()))
+
+
+def create(resources: Sequence[ResourceConfig], world: World) -> PciBackend:
+    return PciBackend(resources, world)
+
+
+__all__ = ["PciBackend", "ScanState", "create"]

@@ -1,0 +1,262 @@
+"""The PCI backend's state in ``--state-dir``: the step journal, what was bound, and the locks.
+
+Layout under ``<state-dir>/pci/`` (folders 0700, files 0600):
+
+- ``journal/<group>.json`` — the operation in progress on one IOMMU group (bind or restore), with
+  the step about to be taken. It is written (atomically: temporary file in the same folder,
+  fsync, rename, fsync of the folder) *before* each step, and removed once the operation is done.
+  A file left behind means the process died half-way; ``vfio.VfioBinder.recover`` finishes or rolls
+  back that operation at start-up (and before touching the group again).
+- ``bound/<address>.json`` — each function cdiplug moved to vfio-pci: its original driver and
+  network interfaces (so selectors keep matching, and ``unbind``/``release: restore`` know where
+  it goes back), the resource and when. Written before the first step of a bind.
+- ``locks/<group>.lock`` — an ``flock`` per group, so ``cdiplug vfio bind`` at a shell and the
+  daemon never work on the same group at once.
+
+Group keys and addresses are checked before they become file names, so no name leaves its folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import cattrs
+from attrs import field, frozen
+
+from cdiplug.errors import BackendError
+
+from .sysfs import check_address, is_address
+
+log = logging.getLogger(__name__)
+
+_GROUP_KEY = re.compile(r"^([0-9]+|noiommu:[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$")
+
+
+class JournalError(BackendError):
+    """The state folder could not be read or written."""
+
+
+class Op(str, enum.Enum):
+    BIND = "bind"
+    RESTORE = "restore"
+
+
+class Step(str, enum.Enum):
+    """The steps of an operation, journaled before each is taken."""
+
+    RECORD = "record"  # record original drivers (bound/<address>.json)
+    OVERRIDE = "driver_override"  # write vfio-pci to driver_override
+    UNBIND = "unbind"  # unbind from the current driver
+    PROBE = "drivers_probe"  # ask the PCI core to probe: vfio-pci takes it
+    VERIFY = "verify"  # driver link and /dev/vfio/<group>
+    CLEAR_OVERRIDE = "clear_override"  # restore: empty driver_override
+    UNBIND_VFIO = "unbind_vfio"  # restore: unbind from vfio-pci
+    REBIND = "rebind"  # restore: bind the original driver (or probe)
+
+
+@frozen
+class PlannedFunction:
+    address: str
+    original_driver: str | None = None
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+
+
+@frozen
+class JournalEntry:
+    op: Op
+    group: str
+    functions: tuple[PlannedFunction, ...] = field(converter=tuple)
+    step: Step = Step.RECORD
+    function: str | None = None
+    resource: str | None = None
+    started_at: float = 0.0
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(f.address for f in self.functions)
+
+
+@frozen
+class BoundRecord:
+    address: str
+    group: str
+    original_driver: str | None = None
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+    resource: str | None = None
+    bound_at: float = 0.0
+
+
+_conv = cattrs.Converter(forbid_extra_keys=False)
+
+
+def check_group_key(group: str) -> str:
+    """An IOMMU group number, or ``noiommu:<address>`` for a function that has none yet."""
+    if not _GROUP_KEY.match(group):
+        raise ValueError(f"not an IOMMU group key: {group!r}")
+    return group
+
+
+def _file_name(group: str) -> str:
+    return check_group_key(group).replace(":", "_")
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so readers see the old or the new content, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    """The state folder of the PCI backend (see the module docstring). Blocking: use from a thread."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.base = Path(state_dir) / "pci"
+        self.journal_dir = self.base / "journal"
+        self.bound_dir = self.base / "bound"
+        self.locks_dir = self.base / "locks"
+
+    def ensure(self) -> None:
+        try:
+            for folder in (self.base, self.journal_dir, self.bound_dir, self.locks_dir):
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(f"cannot create the state folder {self.base}: {exc.strerror}") from exc
+
+    # -- the journal -------------------------------------------------------------------------------
+
+    def write(self, entry: JournalEntry) -> None:
+        self.ensure()
+        data = json.dumps(_conv.unstructure(entry), indent=1, sort_keys=True).encode()
+        try:
+            write_atomic(self.journal_dir / f"{_file_name(entry.group)}.json", data)
+        except OSError as exc:
+            raise JournalError(f"cannot write the journal for IOMMU group {entry.group}: {exc.strerror}") from exc
+
+    def done(self, group: str) -> None:
+        path = self.journal_dir / f"{_file_name(group)}.json"
+        try:
+            path.unlink(missing_ok=True)
+            _fsync_dir(self.journal_dir)
+        except OSError as exc:
+            raise JournalError(f"cannot remove {path}: {exc.strerror}") from exc
+
+    def pending(self, group: str | None = None) -> list[JournalEntry]:
+        """Operations left half done, oldest first (one group's only, when ``group`` is given)."""
+        if group is not None:
+            paths = [self.journal_dir / f"{_file_name(group)}.json"]
+        else:
+            try:
+                paths = sorted(self.journal_dir.glob("*.json"))
+            except OSError:
+                return []
+        entries = []
+        for path in paths:
+            entry = self._load(path, JournalEntry)
+            if entry is not None:
+                entries.append(entry)
+        return sorted(entries, key=lambda e: e.started_at)
+
+    def _load(self, path: Path, cls: type) -> object | None:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise JournalError(f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            value = _conv.structure(json.loads(text), cls)
+        except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
+            # A file we cannot understand must not stop the daemon for good: keep it for people
+            # to look at, under a name we never read again.
+            aside = path.with_name(path.name + f".corrupt-{int(time.time())}")
+            log.error("state file %s is unreadable (%s); moved aside to %s", path, exc, aside.name)
+            with contextlib.suppress(OSError):
+                path.rename(aside)
+            return None
+        check = getattr(value, "group", None)
+        if check is not None:
+            check_group_key(check)
+        return value
+
+    # -- bound functions ---------------------------------------------------------------------------
+
+    def record_bound(self, record: BoundRecord) -> None:
+        self.ensure()
+        data = json.dumps(_conv.unstructure(record), indent=1, sort_keys=True).encode()
+        try:
+            write_atomic(self.bound_dir / f"{check_address(record.address)}.json", data)
+        except OSError as exc:
+            raise JournalError(f"cannot record the original driver of {record.address}: {exc.strerror}") from exc
+
+    def forget_bound(self, address: str) -> None:
+        try:
+            (self.bound_dir / f"{check_address(address)}.json").unlink(missing_ok=True)
+        except OSError as exc:
+            raise JournalError(f"cannot remove the record of {address}: {exc.strerror}") from exc
+
+    def bound(self, address: str) -> BoundRecord | None:
+        value = self._load(self.bound_dir / f"{check_address(address)}.json", BoundRecord)
+        return value if isinstance(value, BoundRecord) else None
+
+    def all_bound(self) -> Mapping[str, BoundRecord]:
+        try:
+            names = sorted(os.listdir(self.bound_dir))
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise JournalError(f"cannot list {self.bound_dir}: {exc.strerror}") from exc
+        found = {}
+        for name in names:
+            if name.endswith(".json") and is_address(name[:-5]):
+                record = self.bound(name[:-5])
+                if record is not None:
+                    found[record.address] = record
+        return found
+
+    # -- locks -------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self, group: str) -> Iterator[None]:
+        """Hold the group's ``flock`` (blocking until other processes let go)."""
+        self.ensure()
+        path = self.locks_dir / f"{_file_name(group)}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise JournalError(f"cannot open lock {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
