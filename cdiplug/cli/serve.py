@@ -1,0 +1,51 @@
+"""``cdiplug serve``: run the daemon (DESIGN.md's command-line contract).
+
+Exit status: 0 after SIGTERM/SIGINT and a clean stop; 2 for a bad configuration (the message names
+the field and the file; ``cdiplug.cli.main`` prints it); 1 when the daemon cannot run (another
+process serves on our socket, a backend cannot start), with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from ..errors import CdiplugError, ConfigError
+from ..logs import FORMATS, setup_logging
+from . import add_config_option, add_option, add_world_options, world_from_args
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the device plugin daemon",
+        description="Serve every configured resource to the kubelet until SIGTERM; SIGHUP reloads the configuration.",
+    )
+    add_config_option(parser)
+    add_world_options(parser)
+    add_option(parser, "--log-format", "text", choices=FORMATS, help="log lines as text or JSON")
+    add_option(parser, "--metrics-address", help="serve /metrics, /healthz and /readyz on HOST:PORT")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..daemon import serve  # imported here: grpc is not needed to print --help
+
+    if args.log_format not in FORMATS:  # a bad $CDIPLUG_LOG_FORMAT skips argparse's choices check
+        print(f"cdiplug serve: --log-format must be one of {', '.join(FORMATS)}, got {args.log_format!r}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_format)
+    world = world_from_args(args)
+    try:
+        return asyncio.run(serve(args.config, world, args.metrics_address))
+    except ConfigError:
+        raise  # cdiplug.cli.main reports it and exits 2
+    except CdiplugError as exc:
+        log.error("cdiplug serve: %s", exc)
+        return EXIT_FAILED

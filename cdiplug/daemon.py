@@ -1,0 +1,158 @@
+"""The daemon: configuration, metrics, the manager under a supervisor, and signals.
+
+:func:`serve` is what ``cdiplug serve`` runs. It loads the configuration (a :class:`ConfigError`
+propagates: the command line exits 2), builds :class:`~cdiplug.metrics.Metrics` (serving HTTP only
+when an address is given), starts the :class:`~cdiplug.manager.Manager` and then waits:
+
+- SIGTERM or SIGINT: a clean stop (tasks cancelled, servers stopped, our sockets removed); 0.
+- SIGHUP: the configuration file is read again and applied (resources added, removed or changed
+  start, stop or update; the others are left alone). A bad new configuration is logged with its
+  message and the old one keeps running.
+- a guarded task failing: everything stops cleanly and its error is raised to the caller.
+
+The boundary: process-level concerns only; what runs is the manager's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from .backend import BackendPlugin
+from .config import Config, load_config
+from .errors import CdiplugError, ConfigError
+from .manager import Manager
+from .metrics import Metrics
+from .supervisor import Supervisor
+from .world import World
+
+log = logging.getLogger(__name__)
+
+
+class Daemon:
+    """One run of the daemon; :meth:`run` until :meth:`request_stop` (or SIGTERM/SIGINT)."""
+
+    def __init__(
+        self,
+        config_path: Path | str | None,
+        world: World,
+        *,
+        metrics_address: str | None = None,
+        plugins: Mapping[str, BackendPlugin] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config_path = config_path
+        self.world = world
+        self.metrics_address = metrics_address
+        self.plugins = plugins
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.manager: Manager | None = None
+        self.supervisor = Supervisor()
+        self.started = asyncio.Event()  # set once every server is serving (registration may wait)
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+        self._reloads_done = 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+
+    @property
+    def reloads_done(self) -> int:
+        """How many reload requests have been handled (applied or refused)."""
+        return self._reloads_done
+
+    async def _load(self) -> Config:
+        return await asyncio.to_thread(load_config, self.config_path, self.plugins)
+
+    async def run(self, handle_signals: bool = True) -> int:
+        config = await self._load()  # ConfigError propagates: exit status 2
+        log.info("configuration %s: %s", config.source, ", ".join(r.name for r in config.resources))
+        loop = asyncio.get_running_loop()
+        installed: list[int] = []
+        if handle_signals:
+            for sig, handler in ((signal.SIGTERM, self._on_stop_signal), (signal.SIGINT, self._on_stop_signal), (signal.SIGHUP, self._on_hup)):
+                loop.add_signal_handler(sig, handler, sig)
+                installed.append(sig)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self.metrics_address:
+                    await stack.enter_async_context(self.metrics.serve(self.metrics_address))
+                manager = self.manager = Manager(config, self.world, self.supervisor, plugins=self.plugins, metrics=self.metrics)
+                try:
+                    await manager.start()
+                    self.started.set()
+                    self.supervisor.spawn("reloader", self._reloader())
+                    await self._wait_for_stop()
+                finally:
+                    await self.supervisor.close()
+                    await manager.stop()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        log.info("stopped cleanly")
+        return 0
+
+    def _on_stop_signal(self, sig: int) -> None:
+        log.info("%s received; stopping", signal.Signals(sig).name)
+        self._stop.set()
+
+    def _on_hup(self, sig: int) -> None:
+        log.info("SIGHUP received; reloading the configuration")
+        self._reload.set()
+
+    async def _wait_for_stop(self) -> None:
+        stop = asyncio.create_task(self._stop.wait(), name="stop-signal")
+        failure = asyncio.create_task(self.supervisor.wait(), name="supervisor")
+        try:
+            await asyncio.wait({stop, failure}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not failure.done():
+                failure.cancel()
+            await asyncio.gather(stop, failure, return_exceptions=True)
+        if failure.done() and not failure.cancelled() and failure.exception() is not None:
+            raise failure.exception()  # type: ignore[misc]
+
+    async def _reloader(self) -> None:
+        while True:
+            await self._reload.wait()
+            self._reload.clear()  # signals arriving during a reload coalesce into one more
+            await self.reload()
+
+    async def reload(self) -> bool:
+        """Read the configuration again and apply it; False (logged) when it is bad."""
+        assert self.manager is not None
+        try:
+            config = await self._load()
+        except ConfigError as exc:
+            log.error("configuration not reloaded, the old one keeps running: %s", exc)
+            self._reloads_done += 1
+            return False
+        try:
+            await self.manager.reload(config)
+        except CdiplugError as exc:
+            log.error("configuration not applied, the old one keeps running: %s", exc)
+            self._reloads_done += 1
+            return False
+        log.info("configuration reloaded: %s", ", ".join(r.name for r in config.resources))
+        self._reloads_done += 1
+        return True
+
+
+async def serve(
+    config_path: Path | str | None,
+    world: World,
+    metrics_address: str | None = None,
+    *,
+    plugins: Mapping[str, BackendPlugin] | None = None,
+    handle_signals: bool = True,
+) -> int:
+    """Run the daemon until SIGTERM/SIGINT; 0 after a clean stop."""
+    return await Daemon(config_path, world, metrics_address=metrics_address, plugins=plugins).run(handle_signals)

@@ -1,0 +1,359 @@
+"""The gRPC edge of one resource: a grpc.aio DevicePlugin server on its own unix socket.
+
+:class:`ResourceServer` serves ``<kubelet-dir>/<socket name>`` (mode 0600: only the kubelet, which
+runs as root, talks to it). It turns what the core hands it into protobuf and back:
+
+- :meth:`ResourceServer.publish` takes the advertised :class:`DeviceSnapshot` and pushes the full
+  device list to every ListAndWatch stream. The protobuf list is built once per change and shared;
+  each stream has a queue holding only the latest list, so a slow reader gets the newest state,
+  never a backlog. The first message of a stream is the current list.
+- Allocate, GetPreferredAllocation and PreStartContainer delegate to the resource's allocator
+  (``cdiplug.allocator.Allocator``) and convert its :class:`ContainerAllocation` answers.
+- Our exceptions become gRPC status codes here and nowhere else (:func:`status_for`).
+
+The boundary: this module knows protobuf and sockets, not backends, CDI files or the kubelet's
+registration (``cdiplug.registration``), nor when to (re)start (``cdiplug.manager``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, AsyncIterator, Protocol
+
+import grpc
+import grpc.aio
+
+from .api import deviceplugin_v1beta1_pb2 as pb
+from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from .errors import (
+    CdiError,
+    CdiplugError,
+    DeviceUnavailable,
+    InvalidRequest,
+    PreparationError,
+    SocketInUse,
+)
+from .model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o600
+# How long a live-socket probe may take: a process that accepts connections answers at once.
+PROBE_TIMEOUT = 0.5
+
+_END = object()  # put into a stream's queue to end that stream cleanly (status OK)
+
+
+class AllocatorLike(Protocol):
+    """What the server needs of ``cdiplug.allocator.Allocator``."""
+
+    @property
+    def pre_start_required(self) -> bool: ...
+
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]: ...
+
+    def preferred(self, requests: Sequence[PreferredRequest]) -> list[tuple[str, ...]]: ...
+
+    async def pre_start(self, ids: Sequence[str]) -> None: ...
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status code for one of our errors (the only place codes are chosen)."""
+    if isinstance(exc, InvalidRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, (DeviceUnavailable, PreparationError)):  # DeviceInUse is a PreparationError
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, CdiError):
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.INTERNAL
+
+
+# -- model -> protobuf ------------------------------------------------------------------------
+
+
+def device_message(device: Device) -> pb.Device:
+    """One advertised device; no topology field when the NUMA nodes are unknown."""
+    if device.numa_nodes:
+        return pb.Device(
+            ID=device.id,
+            health=device.health.value,
+            topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in device.numa_nodes]),
+        )
+    return pb.Device(ID=device.id, health=device.health.value)
+
+
+def list_message(snapshot: DeviceSnapshot) -> pb.ListAndWatchResponse:
+    return pb.ListAndWatchResponse(devices=[device_message(d) for d in snapshot.devices])
+
+
+def allocation_message(a: ContainerAllocation) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=dict(a.env),
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in a.mounts],
+        devices=[pb.DeviceSpec(container_path=d.path, host_path=d.source, permissions=d.permissions) for d in a.device_specs],
+        annotations=dict(a.annotations),
+        cdi_devices=[pb.CDIDevice(name=n) for n in a.cdi_devices],
+    )
+
+
+# -- the socket ---------------------------------------------------------------------------------
+
+
+async def socket_is_live(path: Path, timeout: float = PROBE_TIMEOUT) -> bool:
+    """Whether some process accepts connections on the unix socket at ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, str(path)), timeout)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except TimeoutError:
+        return True  # a full backlog: somebody listens, just slowly
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+            return False
+        raise SocketInUse(f"cannot probe socket {path}: {exc.strerror}") from exc
+    finally:
+        sock.close()
+    return True
+
+
+async def clear_stale_socket(path: Path) -> None:
+    """Remove a socket nobody answers on; refuse when a live process does or it is no socket."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
+    if await socket_is_live(path):
+        raise SocketInUse(f"another process is serving on {path}; is a second cdiplug running?")
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise SocketInUse(f"cannot remove stale socket {path}: {exc.strerror}") from exc
+    log.info("removed stale socket %s", path)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+class ResourceServer:
+    """The DevicePlugin service of one resource on ``kubelet_dir / socket_name``.
+
+    ``start()`` serves (a new grpc.aio server each time: a stopped one cannot restart), ``stop()``
+    ends the streams, stops serving and removes the socket. ``allocator`` may be replaced while
+    serving (a config reload); streams keep running.
+    """
+
+    def __init__(self, resource: str, socket_name: str, kubelet_dir: Path, allocator: AllocatorLike) -> None:
+        self.resource = resource
+        self.socket_name = socket_name
+        self.socket_path = Path(kubelet_dir) / socket_name
+        self.allocator = allocator
+        self._server: grpc.aio.Server | None = None
+        self._inode: tuple[int, int] | None = None
+        self._streams: set[asyncio.Queue[Any]] = set()
+        self._current: pb.ListAndWatchResponse | None = None
+        self._advertised: DeviceSnapshot | None = None
+        self._log = logging.LoggerAdapter(log, {"resource": resource})
+
+    # -- state --
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    @property
+    def stream_count(self) -> int:
+        return len(self._streams)
+
+    @property
+    def pre_start_required(self) -> bool:
+        return bool(self.allocator.pre_start_required)
+
+    @property
+    def advertised(self) -> DeviceSnapshot | None:
+        return self._advertised
+
+    def socket_present(self) -> bool:
+        """Whether our socket file is still where we bound it (a kubelet restart wipes the folder)."""
+        try:
+            st = self.socket_path.lstat()
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._inode
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        await clear_stale_socket(self.socket_path)
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        address = f"unix://{self.socket_path}"
+        try:
+            if server.add_insecure_port(address) == 0:
+                raise SocketInUse(f"cannot bind {self.socket_path}")
+            # grpc binds with the process umask; only the kubelet (root) may talk to us.
+            os.chmod(self.socket_path, SOCKET_MODE)
+            await server.start()
+        except (OSError, RuntimeError) as exc:
+            await server.stop(None)
+            raise SocketInUse(f"cannot serve on {self.socket_path}: {exc}") from exc
+        except BaseException:
+            await server.stop(None)
+            raise
+        st = self.socket_path.lstat()
+        self._inode = (st.st_dev, st.st_ino)
+        self._server = server
+        self._log.info("serving %s on %s", self.resource, self.socket_path)
+
+    async def stop(self, grace: float | None = 0.2) -> None:
+        """End the streams, stop serving and remove our socket (only if it is still ours)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self.end_streams()
+        present = self.socket_present()
+        await server.stop(grace)
+        # grpc unlinks the path itself; make sure, but never remove a socket somebody else bound.
+        if present and self.socket_present():
+            try:
+                self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
+        self._inode = None
+        self._log.info("stopped serving %s", self.resource)
+
+    async def restart(self) -> None:
+        """Serve again on a fresh socket (ours was removed): streams end, state is kept."""
+        await self.stop(grace=0)
+        await self.start()
+
+    # -- ListAndWatch --
+
+    def publish(self, advertised: DeviceSnapshot) -> None:
+        """Push the full advertised list to every stream; an unchanged list is not sent again."""
+        if advertised == self._advertised:
+            return
+        self._advertised = advertised
+        self._current = message = list_message(advertised)
+        for queue in self._streams:
+            _offer(queue, message)
+
+    def end_streams(self) -> None:
+        """End every ListAndWatch stream now (status OK), before registering again."""
+        for queue in self._streams:
+            _offer(queue, _END)
+        self._streams.clear()
+
+    def _open_stream(self) -> asyncio.Queue[Any]:
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+        if self._current is not None:
+            queue.put_nowait(self._current)  # the first message: the full list at once
+        self._streams.add(queue)
+        self._log.debug("ListAndWatch stream opened (%d open)", len(self._streams))
+        return queue
+
+    def _close_stream(self, queue: asyncio.Queue[Any]) -> None:
+        self._streams.discard(queue)
+        self._log.debug("ListAndWatch stream closed (%d open)", len(self._streams))
+
+
+def _offer(queue: asyncio.Queue[Any], item: Any) -> None:
+    """Replace whatever the one-slot queue holds with ``item`` (the newest list wins)."""
+    if queue.full():
+        if queue.get_nowait() is _END:
+            queue.put_nowait(_END)  # the end of a stream is never overwritten
+            return
+    queue.put_nowait(item)
+
+
+class _Servicer(pb_grpc.DevicePluginServicer):
+    """The DevicePlugin RPCs; each one thin: convert, delegate, convert, map errors."""
+
+    def __init__(self, server: ResourceServer) -> None:
+        self._s = server
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:  # noqa: N802
+        return pb.DevicePluginOptions(
+            pre_start_required=self._s.pre_start_required,
+            get_preferred_allocation_available=True,
+        )
+
+    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802
+        queue = self._s._open_stream()
+        try:
+            while True:
+                message = await queue.get()
+                if message is _END:
+                    return
+                yield message
+        finally:
+            # Reached too when the kubelet cancels: grpc cancels this task at queue.get().
+            self._s._close_stream(queue)
+
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:  # noqa: N802
+        requests = [list(r.devices_ids) for r in request.container_requests]
+        try:
+            answers = await self._s.allocator.allocate(requests)
+        except Exception as exc:  # noqa: BLE001 (mapped to a status below; AbortError is raised outside)
+            await self._abort(context, "Allocate", requests, exc)
+            raise  # unreachable: abort raises
+        return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
+
+    async def GetPreferredAllocation(  # noqa: N802
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        requests = [
+            PreferredRequest(
+                available=r.available_deviceIDs,
+                must_include=r.must_include_deviceIDs,
+                size=r.allocation_size,
+            )
+            for r in request.container_requests
+        ]
+        try:
+            answers = self._s.allocator.preferred(requests)
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, "GetPreferredAllocation", [r.available for r in requests], exc)
+            raise
+        return pb.PreferredAllocationResponse(
+            container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers]
+        )
+
+    async def PreStartContainer(  # noqa: N802
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        ids = list(request.devices_ids)
+        try:
+            await self._s.allocator.pre_start(ids)
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, "PreStartContainer", [ids], exc)
+            raise
+        return pb.PreStartContainerResponse()
+
+    async def _abort(self, context: grpc.aio.ServicerContext, rpc: str, requests: Any, exc: Exception) -> None:
+        code = status_for(exc)
+        extra = {"resource": self._s.resource}
+        if isinstance(exc, CdiplugError):
+            if isinstance(exc, PreparationError):
+                extra["device"] = exc.device
+            self._s._log.logger.warning("%s %s -> %s: %s", rpc, requests, code.name, exc, extra=extra)
+            details = str(exc)
+        else:
+            # A bug, not a bad request: keep the traceback in the log, tell the kubelet briefly.
+            self._s._log.logger.error("%s %s failed unexpectedly", rpc, requests, exc_info=exc, extra=extra)
+            details = f"internal error in {rpc}: {type(exc).__name__}: {exc}"
+        await context.abort(code, details)
