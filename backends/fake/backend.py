@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -15,7 +16,7 @@ from attrs import frozen
 from cdiplug.backend import SnapshotSink
 from cdiplug.config import ResourceConfig
 from cdiplug.errors import ConfigError
-from cdiplug.filewatch import FolderWatch
+from cdiplug.filewatch import FOLDER, FolderWatch
 from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
 from cdiplug.resource_names import resource_class
 from cdiplug.world import World
@@ -99,10 +100,15 @@ class FakeBackend:
         return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{prefix}_DEVICES")
 
     async def run(self, sink: SnapshotSink) -> None:
-        for resource in self.resources:
-            sink.publish(self.snapshot(resource, await self._health(resource) or {}))
         watched = [r for r in self.resources if r.options.health_file is not None]
-        await asyncio.gather(*(self._watch(r, sink) for r in watched))
+        async with contextlib.AsyncExitStack() as stack:
+            # Watch first, read second: a change between the two can then never be missed.
+            watches = [await stack.enter_async_context(FolderWatch(r.options.health_file.parent)) for r in watched]
+            published: dict[str, DeviceSnapshot] = {}
+            for resource in self.resources:
+                snap = published[resource.name] = self.snapshot(resource, await self._health(resource) or {})
+                sink.publish(snap)
+            await asyncio.gather(*(self._watch(r, w, sink, published[r.name]) for r, w in zip(watched, watches)))
 
     async def _health(self, resource: ResourceConfig) -> Mapping[str, Health] | None:
         """The health file's content, or None when it is broken (logged; the caller keeps the last state)."""
@@ -116,17 +122,16 @@ class FakeBackend:
             log.error("ignoring health file: %s", exc, extra={"resource": resource.name})
             return None
 
-    async def _watch(self, resource: ResourceConfig, sink: SnapshotSink) -> None:
+    async def _watch(self, resource: ResourceConfig, watch: FolderWatch, sink: SnapshotSink, last: DeviceSnapshot) -> None:
         path: Path = resource.options.health_file
-        last = None
-        async with FolderWatch(path.parent) as watch:
-            async for names in watch:
-                if path.name not in names and "." not in names:
-                    continue
-                health = await self._health(resource)
-                if health is None:
-                    continue
-                snap = self.snapshot(resource, health)
-                if snap != last:
-                    last = snap
-                    sink.publish(snap)
+        async for names in watch:
+            # A ConfigMap volume swaps a "..data" symlink instead of touching the file itself.
+            if path.name not in names and FOLDER not in names and not any(n.startswith("..") for n in names):
+                continue
+            health = await self._health(resource)
+            if health is None:
+                continue
+            snap = self.snapshot(resource, health)
+            if snap != last:
+                last = snap
+                sink.publish(snap)
