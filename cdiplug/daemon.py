@@ -38,14 +38,16 @@ class Daemon:
 
     def __init__(
         self,
-        config_path: Path | str | None,
+        config: Config | Path | str | None,
         world: World,
         *,
         metrics_address: str | None = None,
         plugins: Mapping[str, BackendPlugin] | None = None,
         metrics: Metrics | None = None,
+        stop: asyncio.Event | None = None,
     ) -> None:
-        self.config_path = config_path
+        # A path (re-read on SIGHUP), None (the built-in default) or a Config (embedding: the demo).
+        self.config_source = config
         self.world = world
         self.metrics_address = metrics_address
         self.plugins = plugins
@@ -53,7 +55,7 @@ class Daemon:
         self.manager: Manager | None = None
         self.supervisor = Supervisor()
         self.started = asyncio.Event()  # set once every server is serving (registration may wait)
-        self._stop = asyncio.Event()
+        self._stop = stop if stop is not None else asyncio.Event()
         self._reload = asyncio.Event()
         self._reloads_done = 0
 
@@ -69,7 +71,9 @@ class Daemon:
         return self._reloads_done
 
     async def _load(self) -> Config:
-        return await asyncio.to_thread(load_config, self.config_path, self.plugins)
+        if isinstance(self.config_source, Config):
+            return self.config_source
+        return await asyncio.to_thread(load_config, self.config_source, self.plugins)
 
     async def run(self, handle_signals: bool = True) -> int:
         config = await self._load()  # ConfigError propagates: exit status 2
@@ -147,12 +151,21 @@ class Daemon:
 
 
 async def serve(
-    config_path: Path | str | None,
+    config: Config | Path | str | None,
     world: World,
     metrics_address: str | None = None,
     *,
     plugins: Mapping[str, BackendPlugin] | None = None,
-    handle_signals: bool = True,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool | None = None,
 ) -> int:
-    """Run the daemon until SIGTERM/SIGINT; 0 after a clean stop."""
-    return await Daemon(config_path, world, metrics_address=metrics_address, plugins=plugins).run(handle_signals)
+    """Run the daemon until SIGTERM/SIGINT (or ``stop`` is set); 0 after a clean stop.
+
+    ``config`` is a file, None for the built-in default, or a ready :class:`Config` (embedding).
+    Signal handlers are installed unless ``handle_signals`` is False; by default only when no
+    ``stop`` event is given, so embedding callers keep their own SIGINT.
+    """
+    if handle_signals is None:
+        handle_signals = stop is None
+    daemon = Daemon(config, world, metrics_address=metrics_address, plugins=plugins, stop=stop)
+    return await daemon.run(handle_signals)
