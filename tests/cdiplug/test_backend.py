@@ -1,0 +1,103 @@
+"""Backend plugins and abilities (cdiplug.backend): entry-point discovery and abilities_of.
+
+Discovery runs against the installed distribution's real ``cdiplug.backends`` entry points, and
+against hand-made EntryPoint objects for the broken cases.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from backends.fake import plugin as fake_plugin
+from cdiplug import backend as backend_module
+from cdiplug.backend import (
+    ENTRY_POINT_GROUP,
+    Abilities,
+    Backend,
+    BackendPlugin,
+    PairwiseAffinity,
+    PluginRegistry,
+    PreferredAllocator,
+    Preparer,
+    PreStarter,
+    abilities_of,
+    load_plugins,
+)
+from cdiplug.errors import BackendInitError
+
+
+def test_installed_plugins_are_found_through_entry_points():
+    plugins = load_plugins()
+    assert {"fake", "pci", "nvidia"} <= set(plugins)
+    assert list(plugins) == sorted(plugins) and len(plugins) == len(list(plugins))
+    assert "fake" in plugins and "nope" not in plugins
+    assert plugins["fake"] is fake_plugin and plugins["fake"] is plugins["fake"]
+    assert isinstance(fake_plugin, BackendPlugin) and fake_plugin.name == "fake"
+    with pytest.raises(KeyError):
+        plugins["nope"]
+
+
+def test_plugins_are_imported_only_when_asked_for(monkeypatch):
+    never = EntryPoint(name="never", value="cdiplug_no_such_module:plugin", group=ENTRY_POINT_GROUP)
+    real = EntryPoint(name="fake", value="backends.fake:plugin", group=ENTRY_POINT_GROUP)
+    monkeypatch.setattr(backend_module, "entry_points", lambda group: [never, real] if group == ENTRY_POINT_GROUP else [])
+    plugins = load_plugins()
+    assert list(plugins) == ["fake", "never"]  # listing imports nothing
+    assert plugins["fake"] is fake_plugin
+    with pytest.raises(BackendInitError, match=r"backend 'never' cannot be loaded from entry point cdiplug_no_such_module:plugin: ModuleNotFoundError"):
+        plugins["never"]
+
+
+def test_an_entry_point_that_is_no_plugin_is_refused(monkeypatch):
+    wrong = EntryPoint(name="wrong", value="os:path", group=ENTRY_POINT_GROUP)
+    monkeypatch.setattr(backend_module, "entry_points", lambda group: [wrong])
+    with pytest.raises(BackendInitError, match=r"entry point wrong = os:path is not a cdiplug.backend.BackendPlugin"):
+        load_plugins()["wrong"]
+
+
+def test_given_plugins_replace_discovery():
+    mine = BackendPlugin(name="mine", options_type=object, create=lambda rs, w: None)  # type: ignore[arg-type,return-value]
+    plugins = PluginRegistry({"mine": mine})
+    assert list(plugins) == ["mine"] and plugins["mine"] is mine and "fake" not in plugins
+
+
+class Plain:
+    async def run(self, sink) -> None: ...
+
+
+class Everything(Plain):
+    async def prepare(self, resource, devices) -> None: ...
+
+    def preferred_allocation(self, resource, snapshot, request):
+        return None
+
+    def affinity(self, resource, a, b) -> float:
+        return 0.0
+
+    async def pre_start(self, resource, devices) -> None: ...
+
+
+class JustAffinity(Plain):
+    def affinity(self, resource, a, b) -> float:
+        return 1.0
+
+
+def test_abilities_are_found_once_per_backend():
+    assert abilities_of(Plain()) == Abilities()
+    everything = Everything()
+    a = abilities_of(everything)
+    assert a.preparer is a.preferred is a.affinity is a.pre_starter is everything
+    b = abilities_of(JustAffinity())
+    assert b.affinity is not None and b.preparer is b.preferred is b.pre_starter is None
+    assert isinstance(everything, Backend) and isinstance(everything, Preparer) and isinstance(everything, PreferredAllocator)
+    assert isinstance(everything, PairwiseAffinity) and isinstance(everything, PreStarter)
+    assert not isinstance(object(), Backend)
+
+
+def test_the_fake_backend_has_no_optional_abilities(world):
+    from cdiplug.config import load_config
+
+    backend = fake_plugin.create(load_config(None).resources, world)
+    assert isinstance(backend, Backend) and abilities_of(backend) == Abilities()
