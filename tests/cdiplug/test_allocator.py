@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 

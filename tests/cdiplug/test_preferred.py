@@ -12,7 +12,6 @@ import itertools
 import random
 import time
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
