@@ -251,9 +251,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _healthz(self) -> None:
         timeout = self.server.metrics.health_timeout
+        pong = _pong()
         try:
-            future = asyncio.run_coroutine_threadsafe(_pong(), self.server.loop)
+            future = asyncio.run_coroutine_threadsafe(pong, self.server.loop)
         except RuntimeError as exc:  # the loop is closed
+            pong.close()
             self._text(503, f"event loop not running: {exc}\n")
             return
         try:

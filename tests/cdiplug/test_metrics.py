@@ -230,3 +230,16 @@ def test_recording_looks_labels_up_once(monkeypatch: pytest.MonkeyPatch) -> None
     metrics.registered(FPGA, again=True)
     metrics.preparation_failed(FPGA)
     assert metrics.registry.get_sample_value("cdiplug_allocations_total", {"resource": FPGA, "result": "error"}) == 1
+
+
+def test_healthz_when_the_loop_is_gone() -> None:
+    """The server thread outlives a loop that was closed without leaving the context: 503."""
+    metrics = Metrics()
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(metrics.serve("127.0.0.1:0").__aenter__())
+    loop.close()
+    try:
+        status, _, body = _get(server.url + "/healthz")
+        assert status == 503 and "event loop not running" in body
+    finally:
+        asyncio.run(server.__aexit__(None, None, None))
