@@ -72,7 +72,7 @@ class NvidiaBackend:
         try:
             nvml = await asyncio.to_thread(_start, self.world.nvml)
         except NvmlUnavailable as exc:
-            await self._without_gpus(f"NVML is not available ({exc})", "no NVIDIA driver library or driver on this node?")
+            await self._without_gpus(f"NVML is not available: {exc} (no NVIDIA driver or driver library on this node?)")
             return
         self._nvml = nvml
         watcher: EventWatcher | None = None
@@ -80,14 +80,16 @@ class NvidiaBackend:
             try:
                 inventory = await asyncio.to_thread(discover, nvml, self.world)
             except NvmlError as exc:
-                await self._without_gpus(f"NVML cannot list GPUs ({exc})", "")
+                await self._without_gpus(f"NVML cannot list GPUs: {exc}")
                 return
             await self._adopt(inventory)
             for name in self._gpus:
                 self._publish(name)
             everything = [g for gpus in self._gpus.values() for g in gpus]
             if everything:
-                watcher = EventWatcher(nvml, everything, self._from_thread(self._on_event), self._from_thread(self._on_error), self.event_wait_ms)
+                watcher = EventWatcher(
+                    nvml, everything, self._from_thread(self._on_event), self._from_thread(self._on_error), self.event_wait_ms
+                )
                 try:
                     failed = await asyncio.to_thread(watcher.start)
                 except NvmlError as exc:
@@ -114,13 +116,9 @@ class NvidiaBackend:
 
     # --- start and stop ----------------------------------------------------------------------
 
-    async def _without_gpus(self, problem: str, hint: str) -> None:
+    async def _without_gpus(self, problem: str) -> None:
         """No NVML or no GPU list: fail where asked to, else empty snapshots and wait."""
-        strict = [r.name for r in self.resources if self._options[r.name].fail_on_init_error]
-        if strict:
-            raise BackendInitError(f"{problem}; resource {', '.join(strict)} sets fail_on_init_error")
-        names = ", ".join(r.name for r in self.resources)
-        log.warning("%s%s: %s advertise no GPUs", problem, f" - {hint}" if hint else "", names)
+        self._refuse_or_warn([r.name for r in self.resources], problem)
         self._skipped = (("NVML", problem),)
         for r in self.resources:
             self._publish(r.name)
@@ -130,13 +128,13 @@ class NvidiaBackend:
         """Take the GPUs found: assign them, read topology and edits, check device nodes."""
         self._skipped = inventory.skipped
         if not inventory.gpus:
-            await self._no_gpus_for([r.name for r in self.resources], "NVML found no GPU on this node")
+            self._refuse_or_warn([r.name for r in self.resources], "NVML found no GPU on this node")
         self._gpus = assign(inventory.gpus, self.resources)
         self._owner = {g.uuid: name for name, gpus in self._gpus.items() for g in gpus}
         if inventory.gpus:
             empty = [name for name, gpus in self._gpus.items() if not gpus]
             if empty:
-                await self._no_gpus_for(empty, "no GPU on this node matches the selectors")
+                self._refuse_or_warn(empty, "no GPU on this node matches the selectors")
         for gpu in inventory.gpus:
             owner = self._owner.get(gpu.uuid, "no resource")
             log.info(
@@ -151,11 +149,12 @@ class NvidiaBackend:
         for gpu in missing:
             self._mark(gpu.uuid, f"device node {gpu.device_path} is missing", publish=False)
 
-    async def _no_gpus_for(self, names: list[str], problem: str) -> None:
+    def _refuse_or_warn(self, names: list[str], problem: str) -> None:
+        """BackendInitError when one of ``names`` sets fail_on_init_error, else one warning line."""
         strict = [n for n in names if self._options[n].fail_on_init_error]
         if strict:
-            raise BackendInitError(f"{problem}; resource {', '.join(strict)} sets fail_on_init_error")
-        log.warning("%s: %s advertise no GPUs", problem, ", ".join(names))
+            raise BackendInitError(f"{problem}; {_resources(strict)} sets fail_on_init_error")
+        log.warning("%s; %s %s no GPUs", problem, _resources(names), "advertises" if len(names) == 1 else "advertise")
 
     def _common_edits(self) -> dict[str, ContainerEdits]:
         nodes = control_nodes(self.world)
@@ -266,6 +265,10 @@ class NvidiaBackend:
         self._last[name] = snap
         assert self._sink is not None
         self._sink.publish(snap)
+
+
+def _resources(names: Sequence[str]) -> str:
+    return ("resource " if len(names) == 1 else "resources ") + ", ".join(names)
 
 
 def _start(module: Any | None) -> Nvml:
