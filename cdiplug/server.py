@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import os
 import socket
@@ -48,7 +49,8 @@ SOCKET_MODE = 0o600
 # How long a live-socket probe may take: a process that accepts connections answers at once.
 PROBE_TIMEOUT = 0.5
 
-_END = object()  # put into a stream's queue to end that stream cleanly (status OK)
+_END = object()
+_temp_names = itertools.count()  # put into a stream's queue to end that stream cleanly (status OK)
 
 
 class AllocatorLike(Protocol):
@@ -161,7 +163,7 @@ class ResourceServer:
         self.socket_path = Path(kubelet_dir) / socket_name
         self.allocator = allocator
         self._server: grpc.aio.Server | None = None
-        self._inode: tuple[int, int] | None = None
+        self._inode: tuple[int, int, int] | None = None
         self._streams: set[asyncio.Queue[Any]] = set()
         self._current: pb.ListAndWatchResponse | None = None
         self._advertised: DeviceSnapshot | None = None
@@ -191,31 +193,39 @@ class ResourceServer:
             st = self.socket_path.lstat()
         except OSError:
             return False
-        return (st.st_dev, st.st_ino) == self._inode
+        # ctime too: a new socket may get the inode number of one just removed.
+        return (st.st_dev, st.st_ino, st.st_ctime_ns) == self._inode
 
     # -- lifecycle --
 
     async def start(self) -> None:
+        """Serve on our socket: refuse when a live process answers there, replace a stale one.
+
+        grpc binds a temporary name in the same folder, which is then narrowed to 0600 and renamed
+        over the socket's name: the socket never appears with wider permissions, and grpc, which
+        unlinks the path it bound when it stops, can never remove a socket someone else bound at
+        our name later (a restarted kubelet wipes the folder; another plugin may take the name).
+        """
         if self._server is not None:
             return
         await clear_stale_socket(self.socket_path)
+        temp = self.socket_path.with_name(f".cdiplug-{os.getpid()}-{next(_temp_names)}.sock")
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
-        address = f"unix://{self.socket_path}"
         try:
-            if server.add_insecure_port(address) == 0:
-                raise SocketInUse(f"cannot bind {self.socket_path}")
-            # grpc binds with the process umask; only the kubelet (root) may talk to us.
-            os.chmod(self.socket_path, SOCKET_MODE)
+            if server.add_insecure_port(f"unix://{temp}") == 0:
+                raise SocketInUse(f"cannot bind a socket in {self.socket_path.parent}")
+            os.chmod(temp, SOCKET_MODE)
+            os.rename(temp, self.socket_path)
+            st = self.socket_path.lstat()
             await server.start()
-        except (OSError, RuntimeError) as exc:
-            await server.stop(None)
-            raise SocketInUse(f"cannot serve on {self.socket_path}: {exc}") from exc
+        except OSError as exc:
+            await _discard(server, temp)
+            raise SocketInUse(f"cannot serve on {self.socket_path}: {exc.strerror or exc}") from exc
         except BaseException:
-            await server.stop(None)
+            await _discard(server, temp)
             raise
-        st = self.socket_path.lstat()
-        self._inode = (st.st_dev, st.st_ino)
+        self._inode = (st.st_dev, st.st_ino, st.st_ctime_ns)
         self._server = server
         self._log.info("serving %s on %s", self.resource, self.socket_path)
 
@@ -225,10 +235,8 @@ class ResourceServer:
         if server is None:
             return
         self.end_streams()
-        present = self.socket_present()
         await server.stop(grace)
-        # grpc unlinks the path itself; make sure, but never remove a socket somebody else bound.
-        if present and self.socket_present():
+        if self.socket_present():  # never remove a socket somebody else bound at our name
             try:
                 self.socket_path.unlink()
             except FileNotFoundError:
@@ -269,6 +277,14 @@ class ResourceServer:
     def _close_stream(self, queue: asyncio.Queue[Any]) -> None:
         self._streams.discard(queue)
         self._log.debug("ListAndWatch stream closed (%d open)", len(self._streams))
+
+
+async def _discard(server: grpc.aio.Server, temp: Path) -> None:
+    await server.stop(None)
+    try:
+        temp.unlink()
+    except OSError:
+        pass
 
 
 def _offer(queue: asyncio.Queue[Any], item: Any) -> None:
