@@ -33,7 +33,10 @@ makes the most devices usable). Rules 5-6 without affinity are always exact (a l
 that is provably optimal). With a non-zero affinity, rules 4-6 are exact when the candidate sets
 number at most :data:`EXACT_LIMIT` (8 GPUs choose 4 is 70), else greedy: start from
 must_include, or from the best pair when there is none, then add the device with the highest
-affinity to those already chosen, then a new underlying device, then the lowest ID.
+affinity to those already chosen, then a new underlying device, then the lowest ID. Affinity is
+weighed only while the candidates are at most :data:`AFFINITY_LIMIT` different underlying
+devices (it is about GPUs, of which a node has few): scoring every pair of more would stall the
+one event loop every resource shares; beyond it, rules 5-6 decide.
 
 Boundary: this module sees IDs as advertised and a snapshot for their NUMA nodes; it never calls a
 backend itself: the allocator passes affinity and the replica mapping in as functions.
@@ -50,6 +53,7 @@ from .model import DeviceSnapshot, PreferredRequest
 UNKNOWN_NODE = -1  # the one "node" every device without NUMA information is on
 NODE_SET_LIMIT = 4096
 EXACT_LIMIT = 5000
+AFFINITY_LIMIT = 128
 
 Affinity = Callable[[str, str], float]
 """Affinity of two underlying device IDs, called with ``a < b`` and never with ``a == b``."""
@@ -90,7 +94,8 @@ class _Policy:
     ) -> None:
         self.must = must
         self.rest = rest
-        self.underlying = underlying
+        self._underlying_of = underlying
+        self._underlying: dict[str, str] = {}
         self.affinity = affinity
         self._pairs: dict[tuple[str, str], float] = {}
         self.nodes: dict[str, frozenset[int]] = {}
@@ -106,6 +111,12 @@ class _Policy:
         self.by_node_set: dict[frozenset[int], list[str]] = {}
         for device_id in rest:
             self.by_node_set.setdefault(self.nodes[device_id], []).append(device_id)
+
+    def underlying(self, device_id: str) -> str:
+        u = self._underlying.get(device_id)
+        if u is None:
+            u = self._underlying[device_id] = self._underlying_of(device_id)
+        return u
 
     # -- rules 2 and 3: which NUMA nodes --------------------------------------------------------
 
@@ -156,18 +167,18 @@ class _Policy:
 
     def choose(self, k: int) -> list[str]:
         pools = [self.candidates(nodes) for nodes in self.node_sets(k)]
-        if self.affinity is not None and self._any_affinity(pools):
+        weigh = self.affinity is not None and self._weigh_affinity(pools)
+        if weigh:
             if sum(comb(len(pool), k) for pool in pools) <= EXACT_LIMIT:
                 picks = [self._exact_affinity(pool, k) for pool in pools]
             else:
                 picks = [self._greedy_affinity(pool, k) for pool in pools]
         else:
             picks = [self._spread_lowest(pool, k) for pool in pools]
-        return min(picks, key=self._rank)
-
-    def _rank(self, picks: list[str]) -> tuple[float, int, list[str]]:
-        """Smaller is better: rules 4, 5 and 6 for a sorted list of picks."""
-        return (-self._score(picks), -self._distinct(picks), picks)
+        if len(picks) == 1:
+            return picks[0]
+        # Smaller is better: rules 4, 5 and 6 for sorted lists of picks.
+        return min(picks, key=lambda p: (-self._score(p) if weigh else 0.0, -self._distinct(p), p))
 
     def _distinct(self, picks: Sequence[str]) -> int:
         return len({self.underlying(i) for i in (*self.must, *picks)})
@@ -183,14 +194,15 @@ class _Policy:
         return score
 
     def _score(self, picks: Sequence[str]) -> float:
-        if self.affinity is None:
-            return 0.0
         chosen = (*self.must, *picks)
         return sum(self._pair(a, b) for a, b in itertools.combinations(chosen, 2))
 
-    def _any_affinity(self, pools: list[list[str]]) -> bool:
-        """Whether any pair that could be chosen scores non-zero (else rules 5-6 decide alone)."""
+    def _weigh_affinity(self, pools: list[list[str]]) -> bool:
+        """Whether affinity takes part: few enough devices, and any pair that could be chosen
+        scores non-zero (else rules 5-6 decide alone, exactly)."""
         ids = sorted({self.underlying(i): i for i in (*self.must, *itertools.chain.from_iterable(pools))}.values())
+        if len(ids) > AFFINITY_LIMIT:
+            return False
         return any(self._pair(a, b) != 0.0 for a, b in itertools.combinations(ids, 2))
 
     def _exact_affinity(self, pool: list[str], k: int) -> list[str]:
@@ -227,9 +239,13 @@ class _Policy:
                 gain[x] += self._pair(x, pick)
 
         if not self.must and k >= 2:
-            # Nothing to be near yet: start from the best pair rather than from the lowest ID.
-            for x in max(itertools.combinations(pool, 2), key=lambda p: self._pair(*p)):
-                take(x)
+            # Nothing to be near yet: start from the best pair rather than from the lowest ID,
+            # looking at the lowest ID of each underlying device only (replicas score alike).
+            firsts = list({self.underlying(x): x for x in reversed(pool)}.values())
+            firsts.sort()
+            if len(firsts) >= 2:
+                for x in max(itertools.combinations(firsts, 2), key=lambda p: self._pair(*p)):
+                    take(x)
         while len(chosen) < k:
             take(max(left, key=lambda x: (gain[x], self.underlying(x) not in used)))
         return sorted(chosen)

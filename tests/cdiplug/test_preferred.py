@@ -288,3 +288,24 @@ def test_greedy_fallbacks_stay_well_formed(case):
     assert answer[: len(must)] == must and len(set(answer)) == len(answer)
     possible = len(must) + len(set(request.available) - set(must))
     assert len(answer) == max(len(must), min(request.size, possible))
+
+
+def test_affinity_is_not_weighed_beyond_its_device_limit(monkeypatch):
+    s = snap({f"g{i}": (0,) for i in range(6)})
+
+    def affinity(a: str, b: str) -> float:
+        return 9.0 if (a, b) == ("g4", "g5") else 0.0
+
+    assert ask(s, 2, affinity=affinity) == ("g4", "g5")
+    monkeypatch.setattr(policy, "AFFINITY_LIMIT", 5)
+    assert ask(s, 2, affinity=affinity) == ("g0", "g1")
+
+
+def test_large_requests_with_affinity_stay_fast():
+    s = expand(snap({f"g{i:03}": (i % 4,) for i in range(1024)}), 1)
+    started = time.perf_counter()
+    ask(s, 300, affinity=lambda a, b: 1.0)  # 1024 devices: beyond AFFINITY_LIMIT
+    shared = expand(snap({f"g{i:02}": (i % 4,) for i in range(64)}), 16)  # 64 GPUs, 1024 replicas
+    answer = ask(shared, 32, affinity=lambda a, b: float(a[-1] == b[-1]), underlying=underlying)
+    assert time.perf_counter() - started < 0.5
+    assert len(answer) == 32
