@@ -72,7 +72,7 @@ class NvidiaBackend:
         try:
             nvml = await asyncio.to_thread(_start, self.world.nvml)
         except NvmlUnavailable as exc:
-            await self._without_gpus(f"NVML is not available: {exc} (no NVIDIA driver or driver library on this node?)")
+            await self._without_gpus(f"NVML is not available: {exc} (no NVIDIA driver or driver library on this node?)", exc)
             return
         self._nvml = nvml
         watcher: EventWatcher | None = None
@@ -80,7 +80,7 @@ class NvidiaBackend:
             try:
                 inventory = await asyncio.to_thread(discover, nvml, self.world)
             except NvmlError as exc:
-                await self._without_gpus(f"NVML cannot list GPUs: {exc}")
+                await self._without_gpus(f"NVML cannot list GPUs: {exc}", exc)
                 return
             await self._adopt(inventory)
             for name in self._gpus:
@@ -116,9 +116,9 @@ class NvidiaBackend:
 
     # --- start and stop ----------------------------------------------------------------------
 
-    async def _without_gpus(self, problem: str) -> None:
+    async def _without_gpus(self, problem: str, cause: NvmlError) -> None:
         """No NVML or no GPU list: fail where asked to, else empty snapshots and wait."""
-        self._refuse_or_warn([r.name for r in self.resources], problem)
+        self._refuse_or_warn([r.name for r in self.resources], problem, cause)
         self._skipped = (("NVML", problem),)
         for r in self.resources:
             self._publish(r.name)
@@ -149,11 +149,11 @@ class NvidiaBackend:
         for gpu in missing:
             self._mark(gpu.uuid, f"device node {gpu.device_path} is missing", publish=False)
 
-    def _refuse_or_warn(self, names: list[str], problem: str) -> None:
+    def _refuse_or_warn(self, names: list[str], problem: str, cause: NvmlError | None = None) -> None:
         """BackendInitError when one of ``names`` sets fail_on_init_error, else one warning line."""
         strict = [n for n in names if self._options[n].fail_on_init_error]
         if strict:
-            raise BackendInitError(f"{problem}; {_resources(strict)} sets fail_on_init_error")
+            raise BackendInitError(f"{problem}; {_resources(strict)} sets fail_on_init_error") from cause
         log.warning("%s; %s %s no GPUs", problem, _resources(names), "advertises" if len(names) == 1 else "advertise")
 
     def _common_edits(self) -> dict[str, ContainerEdits]:
