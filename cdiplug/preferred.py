@@ -206,9 +206,13 @@ class _Policy:
         return any(self._pair(a, b) != 0.0 for a, b in itertools.combinations(ids, 2))
 
     def _exact_affinity(self, pool: list[str], k: int) -> list[str]:
+        # Scores per underlying device (at most AFFINITY_LIMIT of them), not per replica ID.
+        devices = sorted({self.underlying(x) for x in pool})
+        index = {u: i for i, u in enumerate(devices)}
+        first = {u: x for x in reversed(pool) for u in (self.underlying(x),)}
+        matrix = [[self._pair(first[u], first[v]) for v in devices] for u in devices]
+        under = [index[self.underlying(x)] for x in pool]
         to_must = [sum(self._pair(x, m) for m in self.must) for x in pool]
-        matrix = [[self._pair(x, y) for y in pool] for x in pool]
-        under = [self.underlying(x) for x in pool]
         must_under = {self.underlying(m) for m in self.must}
         best: tuple[float, int] | None = None
         best_combo: tuple[int, ...] = ()
@@ -217,10 +221,10 @@ class _Policy:
             score = 0.0
             for pos, i in enumerate(combo):
                 score += to_must[i]
-                row = matrix[i]
+                row = matrix[under[i]]
                 for j in combo[:pos]:
-                    score += row[j]
-            key = (score, len(must_under.union(under[i] for i in combo)))
+                    score += row[under[j]]
+            key = (score, len(must_under.union(devices[under[i]] for i in combo)))
             if best is None or key > best:
                 best, best_combo = key, combo
         return [pool[i] for i in best_combo]

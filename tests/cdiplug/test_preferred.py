@@ -309,3 +309,11 @@ def test_large_requests_with_affinity_stay_fast():
     answer = ask(shared, 32, affinity=lambda a, b: float(a[-1] == b[-1]), underlying=underlying)
     assert time.perf_counter() - started < 0.5
     assert len(answer) == 32
+
+
+def test_one_device_among_many_replicas_with_affinity_is_fast():
+    shared = expand(snap({f"g{i:03}": (0,) for i in range(100)}), 40)  # 4000 IDs, C(4000, 1) exact
+    started = time.perf_counter()
+    answer = ask(shared, 2, must=["g007::3"], affinity=lambda a, b: float(b == "g042"), underlying=underlying)
+    assert time.perf_counter() - started < 0.5
+    assert answer == ("g007::3", "g042::0")
