@@ -15,6 +15,7 @@ podman, runc and busybox-static; when they are missing the test fails and says s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,15 +24,19 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from attrs import frozen
 
+from backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.version import parse
 from cdiplug.cdi.writer import SpecWriter
-from cdiplug.config import ResourceConfig
+from cdiplug.config import Config, ResourceConfig, parse_config
+from cdiplug.daemon import serve
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
+from cdiplug.testing import KubeletStandIn
 from cdiplug.world import World
 
 pytestmark = pytest.mark.e2e
@@ -234,9 +239,14 @@ def cdi_files() -> Iterator[list[Path]]:
     (another run or a real cdiplug), removes exactly these afterwards."""
     writer = SpecWriter(CDI_DIR)
     paths = [writer.path_for(kind) for kind in RESOURCES]
-    clobbered = [p for p in paths if p.exists()]
-    for p in clobbered:  # only our own e2e kinds: left over from an interrupted run
-        p.unlink()
+    others = sorted(p.name for p in CDI_DIR.glob("cdiplug-*.json") if p not in paths)
+    if others:
+        pytest.fail(
+            f"{CDI_DIR} holds other cdiplug specs ({', '.join(others)}): a cdiplug seems to run on this machine, "
+            "and the daemon under test would remove them as stale"
+        )
+    for p in paths:  # only our own e2e kinds: left over from an interrupted run
+        p.unlink(missing_ok=True)
     try:
         yield paths
     finally:
@@ -255,35 +265,60 @@ def read_specs(paths: list[Path]) -> dict[str, dict[str, Any]]:
     return specs
 
 
-def config_yaml(folder: Path) -> str:
-    return (
-        "resources:\n"
-        f"  - {{name: {FPGA}, backend: fake, options: {{count: 3}}}}\n"
-        f"  - {{name: {NIC}, backend: fake, options: {{count: 2}}}}\n"
-        f"  - {{name: {NODE}, backend: e2e-node, options: {{folder: {folder}, count: 2}}}}\n"
+def make_config(folder: Path) -> Config:
+    return parse_config(
+        {
+            "resources": [
+                {"name": FPGA, "backend": "fake", "options": {"count": 3}},
+                {"name": NIC, "backend": "fake", "options": {"count": 2}},
+                {"name": NODE, "backend": "e2e-node", "options": {"folder": str(folder), "count": 2}},
+            ]
+        },
+        "test_podman_cdi",
+        PLUGINS,
     )
 
 
-async def test_writer_specs_in_podman(podman_env: dict[str, str], cdi_files: list[Path], tmp_path: Path) -> None:
-    import yaml
-    from backends.fake import plugin as fake_plugin
-    from cdiplug.cdi.names import device_name, qualified_name
-    from cdiplug.config import parse_config
-    from cdiplug.discovery import discover_once
+PLUGINS = {"fake": fake_plugin, "e2e-node": NODE_PLUGIN}
 
-    plugins = {"fake": fake_plugin, "e2e-node": NODE_PLUGIN}
-    make_node_devices(tmp_path, 2)
-    config = parse_config(yaml.safe_load(config_yaml(tmp_path)), "e2e", plugins)
-    snapshots = await discover_once(config, World(cdi_dir=CDI_DIR), plugins)
-    writer = SpecWriter(CDI_DIR)
-    for r in config.resources:
-        writer.write(r.cdi_kind, snapshots[r.name])
-    specs = read_specs(cdi_files)
-    pods = {
-        "pod-a": [(FPGA, "fpga-0"), (FPGA, "fpga-1"), (NIC, "nic-0"), (NODE, "node-0")],
-        "pod-b": [(FPGA, "fpga-2"), (NIC, "nic-1"), (NODE, "node-1")],
-    }
-    for pod, devices in pods.items():
-        names = [qualified_name(k, device_name(i)) for k, i in devices]
-        report = await podman_run(podman_env, names)
-        check_container(report, expected_from_specs(specs, names), pod)
+
+@contextlib.asynccontextmanager
+async def node(config: Config, world: World) -> AsyncIterator[KubeletStandIn]:
+    """The daemon in this event loop, registered with the kubelet stand-in."""
+    stop = asyncio.Event()
+    async with KubeletStandIn(world.kubelet_dir) as kubelet:
+        task = asyncio.create_task(serve(config, world, plugins=PLUGINS, stop=stop), name="daemon under test")
+        try:
+            for resource in RESOURCES:
+                await kubelet.wait_registered(resource, timeout=20)
+            yield kubelet
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 20) == 0
+
+
+async def test_allocate_answers_work_in_podman(podman_env: dict[str, str], cdi_files: list[Path], world: World) -> None:
+    devices_folder = world.dev_root
+    make_node_devices(devices_folder, 2)
+    cdi_world = attrs.evolve(world, cdi_dir=CDI_DIR)
+    async with node(make_config(devices_folder), cdi_world) as kubelet:
+        for resource, count in ((FPGA, 3), (NIC, 2), (NODE, 2)):
+            await kubelet.wait_until(lambda r=resource, n=count: kubelet.allocatable(r) == n, timeout=10, what=f"{count} {resource}")
+        one = await kubelet.admit_pod("pod-a", {FPGA: 2, NIC: 1, NODE: 1})
+        two = await kubelet.admit_pod("pod-b", [{FPGA: 1, NODE: 1}, {NIC: 1}])  # two containers
+        assert one.admitted and two.admitted, (one, two)
+        # The specs on disk hold every device by the time an Allocate answer names one.
+        specs = read_specs(cdi_files)
+        assert {k: len(s["devices"]) for k, s in specs.items()} == {FPGA: 3, NIC: 2, NODE: 2}
+        containers = [(f"{pod.name}/{c.name}", c) for pod in (one, two) for c in pod.containers]
+        assert len(containers) == 3
+        seen: set[str] = set()
+        for label, container in containers:
+            names = [n for _, a in container.allocations for n in a.cdi_devices]
+            ids = [i for _, a in container.allocations for i in a.device_ids]
+            assert len(names) == len(ids) and names, f"{label}: cdi_devices {names} for devices {ids}"
+            assert not seen & set(names), f"{label}: devices given twice: {seen & set(names)}"
+            seen.update(names)
+            report = await podman_run(podman_env, names)
+            check_container(report, expected_from_specs(specs, names), label)
+    assert len(seen) == 7  # every device of the three resources, each in exactly one container
