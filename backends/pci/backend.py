@@ -41,8 +41,8 @@ from .links import LinkStates
 from .options import PciOptions
 from .release import Lister, Releaser
 from .safety import FunctionInUse, SafetyChecker
-from .sysfs import PciSysfs, PciTopology
-from .vfio import VFIO_DRIVER, RestoreResult, SysfsWriter, VfioBinder
+from .sysfs import PciFunction, PciSysfs, PciTopology, check_address
+from .vfio import VFIO_DRIVER, BindResult, RestoreResult, SysfsWriter, VfioBinder
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class PciBackend:
         self.safety = {
             name: SafetyChecker(self.sysfs, o.mountinfo, o.proc_root, netns) for name, o in self.options.items()
         }
+        self.default_safety = SafetyChecker(self.sysfs, netns=netns)
         self.links = LinkStates(netns) if any(o.link_health for o in self.options.values()) else None
         releaser_args: dict[str, Any] = {"lister": lister} if lister is not None else {}
         self.releaser = Releaser(self.options, self.journal, world.pod_resources_socket, self.restore, **releaser_args)
@@ -318,11 +319,84 @@ class PciBackend:
         return results
 
     def _any_safety(self) -> SafetyChecker:
-        return next(iter(self.safety.values()))
+        return next(iter(self.safety.values()), self.default_safety)
+
+    # -- for people at a node (``cdiplug vfio``) ------------------------------------------------------
+
+    def _group_of(self, state: ScanState, address: str) -> tuple[str, tuple[str, ...]]:
+        """The group key of ``address`` and the endpoint functions preparing it binds."""
+        fn = state.topology.functions.get(address)
+        if fn is None:
+            raise PreparationError(address, f"no such PCI function under {self.world.sysfs_root}/bus/pci/devices")
+        if fn.iommu_group is None:
+            if not self.sysfs.noiommu_enabled():
+                raise PreparationError(address, "it has no IOMMU group (turn the IOMMU on, or vfio's enable_unsafe_noiommu_mode)")
+            return f"noiommu:{address}", (address,)
+        members = tuple(
+            a for a in state.topology.group_members(fn.iommu_group) if not state.topology.functions[a].is_bridge
+        )
+        return fn.iommu_group, members
+
+    async def bind_address(self, address: str, force: bool = False) -> BindResult:
+        """Bind the function's whole IOMMU group to vfio-pci (``cdiplug vfio bind``)."""
+        check_address(address)
+        state = await self.rescan()
+        group, members = self._group_of(state, address)
+        async with self._group_lock(group):
+            need = [state.topology.functions[a] for a in members if state.topology.functions[a].driver != VFIO_DRIVER]
+            if need and not force:
+                await self.default_safety.check_bind(need)
+            try:
+                result = await asyncio.to_thread(self.binder.bind_group, group, members, None)
+            except PreparationError:
+                raise
+            except CdiplugError as exc:
+                raise PreparationError(address, str(exc)) from exc
+        await self.rescan()
+        return result
+
+    async def unbind_address(self, address: str, force: bool = False) -> list[RestoreResult]:
+        """Return the function, and the other functions of its group cdiplug bound, to their
+        original drivers (``cdiplug vfio unbind``)."""
+        check_address(address)
+        state = await self.rescan()
+        group, members = self._group_of(state, address)
+        ours = [a for a in members if a == address or a in state.recorded]
+        return await self.restore(ours, force=force)
+
+    async def status(self, address: str) -> FunctionStatus:
+        check_address(address)
+        state = await self.rescan()
+        fn = state.topology.functions.get(address)
+        if fn is None:
+            raise PreparationError(address, f"no such PCI function under {self.world.sysfs_root}/bus/pci/devices")
+        members = state.topology.group_members(fn.iommu_group)
+        node = group_node(fn.iommu_group, state.topology) if fn.iommu_group is not None else None
+        pending = await asyncio.to_thread(self.journal.pending, fn.iommu_group) if fn.iommu_group else []
+        return FunctionStatus(
+            function=fn,
+            driver_override=await asyncio.to_thread(self.sysfs.read_driver_override, address),
+            group_members=tuple((a, state.topology.functions[a].driver) for a in members),
+            record=state.recorded.get(address),
+            node=node,
+            node_present=node is not None and self.world.host_path(node).exists(),
+            pending=tuple(f"{e.op.value} interrupted at {e.step.value} of {e.function}" for e in pending),
+            resources=tuple(name for name, sel in state.selections.items() if any(f.address == address for f in sel.functions)),
+        )
 
 
-def create(resources: Sequence[ResourceConfig], world: World) -> PciBackend:
-    return PciBackend(resources, world)
+@frozen
+class FunctionStatus:
+    """What ``cdiplug vfio status`` shows about one function."""
+
+    function: PciFunction
+    driver_override: str | None
+    group_members: tuple[tuple[str, str | None], ...]
+    record: BoundRecord | None
+    node: str | None
+    node_present: bool
+    pending: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
 
 
-__all__ = ["PciBackend", "ScanState", "create"]
+__all__ = ["FunctionStatus", "PciBackend", "ScanState"]

@@ -1,0 +1,113 @@
+"""``cdiplug discover [--config FILE] [-o table|json|yaml]``: what every resource would advertise.
+
+Runs each configured backend once, as ``cdiplug serve`` would (without serving), and prints per
+resource every device with its health, NUMA nodes, preparation group and device nodes, then every
+device a backend found but will not advertise, with the reason (``DeviceSnapshot.skipped``: an
+IOMMU group shared with a function nobody selected, a denylisted address, ...). ``-o json`` and
+``-o yaml`` print the same as data. Exit status 1 when a backend fails, 2 for bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from ..errors import BackendError
+from ..model import Device, DeviceSnapshot
+from . import add_config_option, add_world_options, world_from_args
+
+FORMATS = ("table", "json", "yaml")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "discover",
+        help="show what every resource would advertise, and why devices are skipped",
+        description=__doc__.split("\n\n")[1],
+    )
+    add_config_option(parser)
+    add_world_options(parser)
+    parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
+    parser.set_defaults(func=run)
+
+
+def _device(device: Device) -> dict[str, Any]:
+    return {
+        "id": device.id,
+        "health": device.health.value,
+        "numa_nodes": list(device.numa_nodes),
+        "prepare_group": device.prepare_group,
+        "device_nodes": [n.path for n in device.edits.device_nodes],
+        "env": dict(device.edits.env),
+        "attributes": dict(device.attributes),
+    }
+
+
+def as_data(snapshots: Mapping[str, DeviceSnapshot]) -> dict[str, Any]:
+    """The snapshots as plain data, resources in config order."""
+    return {
+        name: {
+            "devices": [_device(d) for d in snap.devices],
+            "common_device_nodes": [n.path for n in snap.common_edits.device_nodes],
+            "ids_env": snap.ids_env,
+            "skipped": [{"id": i, "reason": r} for i, r in snap.skipped],
+        }
+        for name, snap in snapshots.items()
+    }
+
+
+def as_table(snapshots: Mapping[str, DeviceSnapshot]) -> str:
+    lines = []
+    for name, snap in snapshots.items():
+        lines.append(f"{name}: {len(snap.devices)} devices ({snap.healthy_count()} healthy), {len(snap.skipped)} skipped")
+        common = ", ".join(n.path for n in snap.common_edits.device_nodes)
+        if common:
+            lines.append(f"  common device nodes: {common}")
+        if snap.ids_env:
+            lines.append(f"  IDs env: {snap.ids_env}")
+        rows = [("DEVICE", "HEALTH", "NUMA", "GROUP", "DEVICE NODES", "ATTRIBUTES")]
+        for d in snap.devices:
+            attrs = " ".join(f"{k}={v}" for k, v in d.attributes if v)
+            rows.append(
+                (
+                    d.id,
+                    d.health.value,
+                    ",".join(map(str, d.numa_nodes)) or "-",
+                    d.prepare_group or "-",
+                    ",".join(n.path for n in d.edits.device_nodes) or "-",
+                    attrs or "-",
+                )
+            )
+        if len(rows) > 1:
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+            for row in rows:
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        for device_id, reason in snap.skipped:
+            lines.append(f"  skipped {device_id}: {reason}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..discovery import discover_once
+
+    config = load_config(args.config)
+    world = world_from_args(args)
+    try:
+        snapshots = asyncio.run(discover_once(config, world))
+    except BackendError as exc:
+        print(f"cdiplug discover: {exc}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(as_data(snapshots), indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(as_data(snapshots), sort_keys=False), end="")
+    else:
+        print(as_table(snapshots))
+    return 0

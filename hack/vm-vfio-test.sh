@@ -1,0 +1,385 @@
+#!/bin/bash
+# End-to-end VFIO test of cdiplug's PCI backend in a real Linux kernel under QEMU.
+#
+# Boots Debian's kernel (linux-image-6.1.0-57-amd64) under QEMU TCG on a q35 machine with an
+# emulated Intel IOMMU (intel-iommu, interrupt remapping) and two PCI devices: QEMU's "edu" test
+# device (no host driver) and an e1000e NIC (driver e1000e). The host's root is shared read-only
+# over 9p; a tiny busybox initramfs loads the modules (virtio, 9p, vfio, vfio-pci, e1000e), mounts
+# it, gives it writable tmpfs folders and chroots into it, so the host's own Python and this
+# checkout run in the guest against a real sysfs and real /dev/vfio. There the guest half of this
+# script (--guest) checks, printing PASS/FAIL lines:
+#   discover advertises both devices with their IOMMU groups; a bind is refused while the NIC is
+#   up with an address; a real Allocate (daemon + kubelet stand-in, or prepare() directly when
+#   the stand-in is not installed) binds edu to vfio-pci with /dev/vfio/<group>; a daemon killed
+#   (SIGKILL) in the middle of binding the NIC, right after the unbind step, finishes the bind
+#   at its next start from the journal; `cdiplug vfio unbind` returns both to their original
+#   drivers (e1000e with its interface back; edu to none).
+# Exit status 0 when every check passed. Needs qemu-system-x86_64, busybox (static) and
+# apt-get + dpkg-deb (or CDIPLUG_VM_KERNEL_DEB=/path/to/linux-image-...deb); kernel, modules and
+# initramfs are cached under .vm/ (gitignored). Takes about a minute on 2 cores.
+#
+# Usage: hack/vm-vfio-test.sh            (host: prepare, boot, report)
+#        hack/vm-vfio-test.sh --guest    (run by the guest's init; not for people)
+set -euo pipefail
+
+KVER=6.1.0-57-amd64
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# ------------------------------------------------------------------------------------------------
+# host side
+# ------------------------------------------------------------------------------------------------
+
+MODULES=(
+  kernel/drivers/virtio/virtio_ring kernel/drivers/virtio/virtio
+  kernel/drivers/virtio/virtio_pci_modern_dev kernel/drivers/virtio/virtio_pci_legacy_dev
+  kernel/drivers/virtio/virtio_pci
+  kernel/net/9p/9pnet kernel/net/9p/9pnet_virtio kernel/fs/netfs/netfs kernel/fs/fscache/fscache
+  kernel/fs/9p/9p
+  kernel/drivers/net/ethernet/intel/e1000e/e1000e
+  kernel/virt/lib/irqbypass kernel/drivers/vfio/vfio kernel/drivers/vfio/vfio_iommu_type1
+  kernel/drivers/vfio/vfio_virqfd kernel/drivers/vfio/pci/vfio-pci-core kernel/drivers/vfio/pci/vfio-pci
+)
+
+fetch_kernel() {
+  local vm=$1
+  [[ -f $vm/vmlinuz-$KVER && -f $vm/modules-$KVER/.complete ]] && return 0
+  local deb=${CDIPLUG_VM_KERNEL_DEB:-}
+  if [[ -z $deb ]]; then
+    local found=("$vm"/linux-image-"$KVER"_*.deb)
+    [[ -f ${found[0]} ]] && deb=${found[0]}
+  fi
+  if [[ -z $deb ]]; then
+    command -v apt-get >/dev/null || { echo "FAIL: no kernel: set CDIPLUG_VM_KERNEL_DEB or install apt-get" >&2; return 1; }
+    echo "fetching linux-image-$KVER with apt-get download" >&2
+    (cd "$vm" && apt-get download "linux-image-$KVER" >&2) || {
+      echo "FAIL: apt-get download linux-image-$KVER failed (run apt-get update?)" >&2; return 1; }
+    local fetched=("$vm"/linux-image-"$KVER"_*.deb)
+    deb=${fetched[0]}
+  fi
+  local tmp
+  tmp=$(mktemp -d "$vm/unpack.XXXXXX")
+  dpkg-deb -x "$deb" "$tmp"
+  rm -rf "$vm/modules-$KVER"
+  mkdir -p "$vm/modules-$KVER"
+  local m
+  for m in "${MODULES[@]}"; do
+    local f=$tmp/lib/modules/$KVER/$m.ko
+    [[ -f $f ]] || { echo "FAIL: $m.ko is not in $deb" >&2; rm -rf "$tmp"; return 1; }
+    cp "$f" "$vm/modules-$KVER/"
+  done
+  cp "$tmp/boot/vmlinuz-$KVER" "$vm/vmlinuz-$KVER"
+  rm -rf "$tmp"
+  touch "$vm/modules-$KVER/.complete"
+}
+
+build_initramfs() {
+  local vm=$1
+  local out=$vm/initramfs-$KVER.cpio.gz
+  local busybox
+  busybox=$(command -v busybox) || { echo "FAIL: busybox (static) is not installed" >&2; return 1; }
+  # Rebuilt whenever this script (which holds /init) or busybox changes.
+  local stamp
+  stamp=$(cat "${BASH_SOURCE[0]}" "$busybox" | sha256sum | cut -c1-16)
+  [[ -f $out && -f $out.stamp && $(cat "$out.stamp") == "$stamp" ]] && return 0
+  local dir
+  dir=$(mktemp -d "$vm/initramfs.XXXXXX")
+  mkdir -p "$dir"/{bin,proc,sys,dev,host,lib/modules}
+  cp "$busybox" "$dir/bin/busybox"
+  local m
+  for m in "${MODULES[@]}"; do
+    cp "$vm/modules-$KVER/$(basename "$m").ko" "$dir/lib/modules/"
+    basename "$m" >>"$dir/modules.order"
+  done
+  sed -n '/^#-- guest init begin/,/^#-- guest init end/p' "${BASH_SOURCE[0]}" | sed '1d;$d' | sed 's/^# //' >"$dir/init"
+  chmod 755 "$dir/init"
+  (cd "$dir" && find . | "$busybox" cpio -o -H newc 2>/dev/null | gzip -1) >"$out.tmp"
+  mv "$out.tmp" "$out"
+  echo "$stamp" >"$out.stamp"
+  rm -rf "$dir"
+}
+
+# The guest's /init, extracted into the initramfs by build_initramfs (kept here, commented out,
+# so one file holds the whole test):
+#-- guest init begin
+# #!/bin/busybox sh
+# /bin/busybox --install -s /bin
+# export PATH=/bin
+# mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+# for m in $(cat /modules.order); do insmod /lib/modules/$m.ko || echo "insmod $m failed"; done
+# mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /host || echo "FAIL: 9p mount"
+# for d in tmp run; do mount -t tmpfs -o mode=1777 $d /host/$d; done
+# mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs dev /host/dev
+# echo "guest: kernel $(uname -r), booted in $(cut -d' ' -f1 /proc/uptime) s"
+# chroot /host /bin/bash "$CDIPLUG_REPO/hack/vm-vfio-test.sh" --guest
+# echo "VM-TEST-EXIT: $?"
+# sync
+# echo o >/proc/sysrq-trigger
+# sleep 10
+#-- guest init end
+
+host_main() {
+  command -v qemu-system-x86_64 >/dev/null || { echo "FAIL: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)" >&2; exit 1; }
+  local vm=${CDIPLUG_VM_DIR:-$ROOT/.vm}
+  mkdir -p "$vm"
+  fetch_kernel "$vm"
+  build_initramfs "$vm"
+  local python
+  python=$(python3 -c 'import sys; print(sys.executable)')
+  local log=$vm/console.log
+  local started=$SECONDS
+  # TCG: KVM on these machines cannot run a stock kernel, and TCG is fast enough for this.
+  set +e
+  timeout "${CDIPLUG_VM_TIMEOUT:-170}" qemu-system-x86_64 \
+    -machine q35,kernel-irqchip=split -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
+    -device intel-iommu,intremap=on \
+    -kernel "$vm/vmlinuz-$KVER" -initrd "$vm/initramfs-$KVER.cpio.gz" \
+    -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=3 CDIPLUG_REPO=$ROOT CDIPLUG_PYTHON=$python" \
+    -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+    -device edu -device e1000e,romfile= -nic none \
+    -display none -nographic -no-reboot </dev/null 2>&1 | tee "$log"
+  local qemu_rc=${PIPESTATUS[0]}
+  set -e
+  echo "host: QEMU exited with $qemu_rc after $((SECONDS - started)) s"
+  local fails passes exit_line
+  passes=$(grep -c '^PASS' "$log" || true)
+  fails=$(grep -c '^FAIL' "$log" || true)
+  exit_line=$(grep -a '^VM-TEST-EXIT:' "$log" | tail -1 | tr -d '\r' || true)
+  echo "host: $passes PASS, $fails FAIL, ${exit_line:-no exit line}"
+  if [[ $qemu_rc == 124 ]]; then
+    echo "FAIL: the VM did not finish within ${CDIPLUG_VM_TIMEOUT:-170} s" >&2
+    exit 1
+  fi
+  [[ $exit_line == "VM-TEST-EXIT: 0" && $fails == 0 && $passes -gt 0 ]] || exit 1
+}
+
+# ------------------------------------------------------------------------------------------------
+# guest side: runs chrooted into the host's root, against the guest kernel's sysfs and /dev
+# ------------------------------------------------------------------------------------------------
+
+G_FAILS=0
+pass() { echo "PASS: $*"; }
+fail() { echo "FAIL: $*"; G_FAILS=$((G_FAILS + 1)); }
+check() { # check WHAT COMMAND...
+  local what=$1
+  shift
+  if "$@"; then pass "$what"; else fail "$what"; fi
+}
+
+find_function() { # VENDOR DEVICE -> the first address with those IDs
+  local d
+  for d in /sys/bus/pci/devices/*; do
+    if [[ $(cat "$d/vendor") == "$1" && $(cat "$d/device") == "$2" ]]; then
+      basename "$d"
+      return 0
+    fi
+  done
+  return 1
+}
+
+driver_of() {
+  local l=/sys/bus/pci/devices/$1/driver
+  if [[ -L $l ]]; then basename "$(readlink "$l")"; else echo none; fi
+}
+
+group_of() { basename "$(readlink "/sys/bus/pci/devices/$1/iommu_group")"; }
+
+guest_main() {
+  # Never on a host: only the guest's kernel command line carries CDIPLUG_REPO.
+  grep -q "CDIPLUG_REPO=" /proc/cmdline || { echo "--guest runs only inside the test VM" >&2; exit 2; }
+  PATH=$(dirname "$CDIPLUG_PYTHON"):/usr/sbin:/usr/bin:/sbin:/bin
+  export PATH HOME=/tmp PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=$CDIPLUG_REPO
+  export CDIPLUG_STATE_DIR=/tmp/state CDIPLUG_KUBELET_DIR=/tmp/kubelet CDIPLUG_CDI_DIR=/tmp/cdi
+  export CDIPLUG_POD_RESOURCES_SOCKET=/tmp/pod-resources.sock CDIPLUG_CONFIG=/tmp/cdiplug.yaml
+  mkdir -p /tmp/state /tmp/kubelet /tmp/cdi
+  cd /tmp
+  local t0=$SECONDS
+  NIC=$(find_function 0x8086 0x10d3) || { fail "no e1000e function in the guest"; return 1; }
+  EDU=$(find_function 0x1234 0x11e8) || { fail "no edu function in the guest"; return 1; }
+  SATA=$(find_function 0x8086 0x2922) || SATA=none
+  NIC_GROUP=$(group_of "$NIC")
+  EDU_GROUP=$(group_of "$EDU")
+  echo "guest: e1000e $NIC (group $NIC_GROUP, driver $(driver_of "$NIC")), edu $EDU (group $EDU_GROUP), AHCI $SATA"
+  check "vfio-pci is loaded" test -d /sys/bus/pci/drivers/vfio-pci
+  check "e1000e starts on its driver" test "$(driver_of "$NIC")" = e1000e
+  printf '%s\n' \
+    'resources:' \
+    '  - name: example.com/nic-vfio' \
+    '    backend: pci' \
+    '    options: {selectors: [{vendor: "0x8086", device: "0x10d3"}], vfio: true}' \
+    '  - name: example.com/edu' \
+    '    backend: pci' \
+    '    options: {selectors: [{vendor: "0x1234", device: "0x11e8"}], vfio: true}' \
+    '  - name: example.com/sata' \
+    '    backend: pci' \
+    '    options: {selectors: [{class: "0x010601"}], vfio: true}' >/tmp/cdiplug.yaml
+
+  # 1. discover: both devices with their groups; the AHCI function shares group with the LPC bridge
+  if cdiplug discover -o json >/tmp/discover.json; then
+    python3 -c "$GUEST_CHECK_DISCOVER" "$NIC" "$NIC_GROUP" "$EDU" "$EDU_GROUP" "$SATA" || G_FAILS=$((G_FAILS + 1))
+  else
+    fail "cdiplug discover failed"
+  fi
+  cdiplug discover | sed 's/^/  | /'
+
+  # 2. safety: an interface that is up with an address is not taken
+  local ifname
+  local names=("/sys/bus/pci/devices/$NIC/net"/*)
+  ifname=$(basename "${names[0]}")
+  ip link set "$ifname" up
+  ip addr add 192.0.2.10/24 dev "$ifname"
+  if cdiplug vfio bind "$NIC" 2>/tmp/refused.txt; then
+    fail "vfio bind of $NIC while $ifname is up with an address was not refused"
+  else
+    check "vfio bind refused while $ifname is up with an address: $(cat /tmp/refused.txt)" \
+      grep -q "is up with addresses 192.0.2.10/24" /tmp/refused.txt
+  fi
+  check "the refused bind left $NIC on e1000e" test "$(driver_of "$NIC")" = e1000e
+  ip addr flush dev "$ifname"
+  ip link set "$ifname" down
+
+  # 3. the daemon: real Allocates, a crash in the middle of a bind, recovery at start
+  echo "guest: starting the daemon scenario after $((SECONDS - t0)) s"
+  python3 -c "$GUEST_DAEMON_SCENARIO" "$NIC" "$NIC_GROUP" "$EDU" "$EDU_GROUP" || G_FAILS=$((G_FAILS + 1))
+
+  # 4. back to the original drivers
+  echo "guest: unbinding after $((SECONDS - t0)) s"
+  cdiplug vfio status "$NIC" | sed 's/^/  | /'
+  check "cdiplug vfio unbind $NIC" cdiplug vfio unbind "$NIC"
+  check "$NIC is back on e1000e" test "$(driver_of "$NIC")" = e1000e
+  check "$NIC has its network interface again" test -d "/sys/bus/pci/devices/$NIC/net"
+  check "$NIC has no driver_override" test "$(cat "/sys/bus/pci/devices/$NIC/driver_override")" = "(null)"
+  check "cdiplug vfio unbind $EDU" cdiplug vfio unbind "$EDU"
+  check "$EDU is back on no driver" test "$(driver_of "$EDU")" = none
+  check "/dev/vfio/$EDU_GROUP is gone" test ! -e "/dev/vfio/$EDU_GROUP"
+  check "nothing is left recorded" test -z "$(ls /tmp/state/pci/bound)"
+  echo "guest: done in $((SECONDS - t0)) s, $G_FAILS failed"
+  [[ $G_FAILS == 0 ]]
+}
+
+GUEST_CHECK_DISCOVER='
+import json, sys
+nic, nic_group, edu, edu_group, sata = sys.argv[1:]
+data = json.load(open("/tmp/discover.json"))
+fails = 0
+def ok(cond, what):
+    global fails
+    print(("PASS: " if cond else "FAIL: ") + what)
+    fails += not cond
+for res, addr, group in (("example.com/nic-vfio", nic, nic_group), ("example.com/edu", edu, edu_group)):
+    devs = {d["id"]: d for d in data[res]["devices"]}
+    d = devs.get(addr, {})
+    ok(d.get("prepare_group") == group and d.get("device_nodes") == [f"/dev/vfio/{group}"],
+       f"discover: {res} advertises {addr} with /dev/vfio/{group}")
+    ok(data[res]["common_device_nodes"] == ["/dev/vfio/vfio"], f"discover: {res} gives /dev/vfio/vfio")
+skipped = {s["id"]: s["reason"] for s in data["example.com/sata"]["skipped"]}
+if sata != "none":
+    ok(not data["example.com/sata"]["devices"] and "IOMMU group" in skipped.get(sata, ""),
+       f"discover: the AHCI function {sata} is skipped: {skipped.get(sata)}")
+sys.exit(1 if fails else 0)
+'
+
+GUEST_DAEMON_SCENARIO='
+import asyncio, os, signal, subprocess, sys, time
+from pathlib import Path
+from cdiplug.testing import KubeletStandIn
+
+nic, nic_group, edu, edu_group = sys.argv[1:]
+fails = 0
+def ok(cond, what):
+    global fails
+    print(("PASS: " if cond else "FAIL: ") + what, flush=True)
+    fails += not cond
+
+def driver(addr):
+    link = Path(f"/sys/bus/pci/devices/{addr}/driver")
+    return link.resolve().name if link.is_symlink() else None
+
+def daemon(env=None):
+    return subprocess.Popen(["cdiplug", "serve"], env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True)
+
+async def registered(kubelet, resource, count, timeout=90):
+    await kubelet.wait_until(
+        lambda: sum(r.resource == resource for r in kubelet.registrations) >= count and kubelet.is_registered(resource),
+        timeout, f"{resource} registration {count}")
+
+async def scenario(kubelet, procs):
+    proc = daemon()
+    procs.append(proc)
+    await registered(kubelet, "example.com/edu", 1)
+    await registered(kubelet, "example.com/nic-vfio", 1)
+    pod = await kubelet.admit_pod("vm-edu", {"example.com/edu": 1})
+    specs = [n.path for n in pod.device_specs]
+    ok(pod.admitted, f"Allocate of edu admitted the pod ({pod.phase.value} {pod.message})")
+    ok(f"/dev/vfio/{edu_group}" in specs and "/dev/vfio/vfio" in specs, f"the answer gives DeviceSpecs {specs}")
+    env = pod.env.get("PCI_RESOURCE_EXAMPLE_COM_EDU")
+    ok(env == edu, f"the answer gives env PCI_RESOURCE_EXAMPLE_COM_EDU={env}")
+    ok(pod.cdi_devices == (f"example.com/edu={edu}",), f"the answer gives CDI device {pod.cdi_devices}")
+    ok(driver(edu) == "vfio-pci", f"edu {edu} is on vfio-pci ({driver(edu)})")
+    ok(Path(f"/dev/vfio/{edu_group}").exists(), f"/dev/vfio/{edu_group} exists")
+    ok(Path("/tmp/state/pci/bound", f"{edu}.json").exists(), "the original driver of edu is recorded")
+    again = await kubelet.allocate("example.com/edu", [edu])
+    ok(driver(edu) == "vfio-pci" and again[0].device_ids == (edu,), "a repeated Allocate for edu answers again")
+    proc.send_signal(signal.SIGTERM)
+    ok(proc.wait(timeout=60) == 0, "the daemon stops cleanly on SIGTERM")
+
+    # The crash: the daemon pauses right after unbinding the NIC from e1000e and is killed there.
+    proc = daemon({"CDIPLUG_PCI_PAUSE_AFTER": "unbind"})
+    procs.append(proc)
+    await registered(kubelet, "example.com/nic-vfio", 2)
+    allocate = asyncio.create_task(kubelet.allocate("example.com/nic-vfio", [nic]))
+    loop = asyncio.get_running_loop()
+    paused = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = await loop.run_in_executor(None, proc.stderr.readline)
+        if not line:
+            break
+        if "cdiplug-test-hook: paused after unbind" in line:
+            paused = True
+            break
+    ok(paused, "the daemon paused right after unbinding the NIC")
+    proc.kill()
+    proc.wait()
+    try:
+        await allocate
+        ok(False, "the Allocate to the killed daemon failed")
+    except Exception as exc:
+        ok(True, f"the Allocate to the killed daemon failed ({type(exc).__name__})")
+    journal = Path("/tmp/state/pci/journal", f"{nic_group}.json")
+    ok(driver(nic) is None, f"after SIGKILL the NIC has no driver ({driver(nic)})")
+    ok(journal.exists(), f"after SIGKILL the journal holds the half-done bind ({journal.name})")
+
+    proc = daemon()
+    procs.append(proc)
+    await registered(kubelet, "example.com/nic-vfio", 3)
+    ok(driver(nic) == "vfio-pci", f"at start the daemon finished the bind: the NIC is on {driver(nic)}")
+    ok(not journal.exists(), "the journal entry is gone")
+    ok(Path(f"/dev/vfio/{nic_group}").exists(), f"/dev/vfio/{nic_group} exists")
+    pod = await kubelet.admit_pod("vm-nic", {"example.com/nic-vfio": 1})
+    specs = [n.path for n in pod.device_specs]
+    ok(pod.admitted and f"/dev/vfio/{nic_group}" in specs, f"Allocate of the NIC after recovery: {pod.phase.value} {specs}")
+    proc.send_signal(signal.SIGTERM)
+    ok(proc.wait(timeout=60) == 0, "the daemon stops cleanly again")
+
+async def main():
+    procs = []
+    async with KubeletStandIn("/tmp/kubelet", call_timeout=90) as kubelet:
+        try:
+            await scenario(kubelet, procs)
+        except Exception as exc:
+            ok(False, f"daemon scenario: {type(exc).__name__}: {exc}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+asyncio.run(main())
+sys.exit(1 if fails else 0)
+'
+
+if [[ ${1:-} == --guest ]]; then
+  guest_main
+else
+  host_main "$@"
+fi
