@@ -247,7 +247,8 @@ def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
     """The spec of one kind for every device of ``snapshot``, with the lowest version it needs.
 
     Raises CdiError when the kind is not a valid CDI kind, a device has no edits (the spec forbids
-    it; a runtime would reject the whole file), or two device IDs map to the same CDI name.
+    it; a runtime would reject the whole file), two device IDs map to the same CDI name, or the
+    result fails :mod:`cdiplug.cdi.validate` in any other way.
     """
     from .version import minimal_version
 
@@ -271,10 +272,18 @@ def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
             )
         devices.append(Device(name=name, container_edits=edits))
     draft = Spec(cdi_version="", kind=kind, devices=devices, container_edits=container_edits(snapshot.common_edits))
-    return Spec(
+    spec = Spec(
         cdi_version=minimal_version(draft),
         kind=kind,
         devices=draft.devices,
         container_edits=draft.container_edits,
         annotations=draft.annotations,
     )
+    # Never hand out a spec a runtime would refuse (an env var without a name, a bad node type
+    # from a backend): check it as strictly as `cdiplug cdi validate` would.
+    from .validate import check_spec
+
+    problems = check_spec(spec, f"spec of {kind}")
+    if problems:
+        raise CdiError(f"resource {snapshot.resource}: " + "; ".join(f"{p.message} @ {p.path}" for p in problems))
+    return spec

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdiplug.cdi.names import device_name
 from cdiplug.cdi.spec import (
@@ -164,3 +166,48 @@ def test_bad_kind_is_an_error() -> None:
     snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="x", edits=model.ContainerEdits(env={"A": "1"}))])
     with pytest.raises(CdiError):
         build_spec("../etc", snap)
+
+
+_ENV_KEY = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True)
+_PATH = st.from_regex(r"/[a-z0-9/_.-]{1,20}", fullmatch=True)
+_EDITS = st.builds(
+    model.ContainerEdits,
+    env=st.dictionaries(_ENV_KEY, st.text(max_size=8), max_size=3),
+    device_nodes=st.lists(st.builds(model.DeviceNode, path=_PATH, host_path=st.none() | _PATH,
+                                    permissions=st.sampled_from(["r", "rw", "rwm"])), max_size=2),
+    mounts=st.lists(st.builds(model.Mount, host_path=_PATH, container_path=_PATH, read_only=st.booleans(),
+                              type=st.none() | st.just("bind")), max_size=2),
+    additional_gids=st.lists(st.integers(0, 2**32 - 1), max_size=2),
+).filter(lambda e: not e.is_empty())
+_SNAPSHOTS = st.builds(
+    model.DeviceSnapshot,
+    resource=st.just("example.com/fpga"),
+    devices=st.lists(st.builds(model.Device, id=st.text(min_size=1, max_size=12), edits=_EDITS),
+                     min_size=1, max_size=5, unique_by=lambda d: d.id),
+    common_edits=st.just(model.ContainerEdits()) | _EDITS,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot=_SNAPSHOTS)
+def test_every_spec_built_is_valid_and_minimal(schema_errors, snapshot: model.DeviceSnapshot) -> None:
+    """Whatever well-formed snapshot a backend reports, the spec passes the official schema and
+    our strict validator, declares exactly the version its content needs, and round-trips."""
+    from cdiplug.cdi.version import minimal_version
+
+    spec = build_spec("example.com/fpga", snapshot)
+    assert schema_errors(to_dict(spec)) == []
+    assert check_spec(spec) == []
+    assert spec.cdi_version == minimal_version(spec)
+    assert from_json(to_json(spec)) == spec
+    assert sorted(spec.device_names()) == sorted(device_name(d.id) for d in snapshot.devices)
+
+
+def test_a_spec_a_runtime_would_refuse_is_never_built() -> None:
+    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[
+        model.Device(id="fpga-0", edits=model.ContainerEdits(device_nodes=[model.DeviceNode(path="/dev/x", type="z")]))])
+    with pytest.raises(CdiError, match="invalid device node type 'z'"):
+        build_spec("example.com/fpga", snap)
+    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(env={"": "x"}))])
+    with pytest.raises(CdiError, match="NAME=value"):
+        build_spec("example.com/fpga", snap)
