@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import jsonschema
 import pytest
 from attrs import frozen
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
 
 from backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin, SnapshotSink
@@ -254,11 +257,20 @@ def cdi_files() -> Iterator[list[Path]]:
             p.unlink(missing_ok=True)
 
 
+def official_schema() -> jsonschema.Draft7Validator:
+    """The official CDI JSON schema (copied into tests/cdiplug/cdi/schema), defs.json resolved."""
+    folder = REPO / "tests" / "cdiplug" / "cdi" / "schema"
+    defs = Resource.from_contents(json.loads((folder / "defs.json").read_text()), default_specification=DRAFT7)
+    return jsonschema.Draft7Validator(json.loads((folder / "schema.json").read_text()), registry=Registry().with_resource("defs.json", defs))
+
+
 def read_specs(paths: list[Path]) -> dict[str, dict[str, Any]]:
     specs = {}
+    schema = official_schema()
     for path in paths:
         assert check_file(path) == [], check_file(path)
         spec = json.loads(path.read_text())
+        assert [e.message for e in schema.iter_errors(spec)] == [], path
         assert parse(spec["cdiVersion"]) <= parse(PODMAN_MAX_VERSION), f"{path}: cdiVersion {spec['cdiVersion']} is too new for podman 4.3"
         assert path.stat().st_mode & 0o7777 == 0o644
         specs[spec["kind"]] = spec

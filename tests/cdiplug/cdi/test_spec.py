@@ -188,7 +188,7 @@ _SNAPSHOTS = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(snapshot=_SNAPSHOTS)
 def test_every_spec_built_is_valid_and_minimal(schema_errors, snapshot: model.DeviceSnapshot) -> None:
     """Whatever well-formed snapshot a backend reports, the spec passes the official schema and
