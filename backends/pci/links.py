@@ -35,7 +35,8 @@ class LinkStates:
         return [n for n in ifnames if self.up.get(n) is False]
 
     def _open(self) -> AsyncIPRoute:
-        return AsyncIPRoute(netns=self.netns) if self.netns else AsyncIPRoute()
+        # flags=0: an existing namespace only; pyroute2 would otherwise create it.
+        return AsyncIPRoute(netns=self.netns, flags=0) if self.netns else AsyncIPRoute()
 
     async def run(self, on_change: Callable[[], None], ready: Callable[[], None] | None = None) -> None:
         monitor = self._open()

@@ -74,7 +74,8 @@ async def net_use(ifnames: Iterable[str], netns: str | None = None) -> dict[str,
     names = list(ifnames)
     if not names:
         return found
-    async with AsyncIPRoute(netns=netns) if netns else AsyncIPRoute() as ipr:
+    # flags=0: look into an existing namespace, never create one (pyroute2's default would).
+    async with AsyncIPRoute(netns=netns, flags=0) if netns else AsyncIPRoute() as ipr:
         links = await _collect(await ipr.link("dump"))
         by_name = {m.get("ifname"): m for m in links}
         by_index = {m["index"]: m for m in links}
