@@ -212,6 +212,7 @@ class FakeNvml:
         self._lock = threading.Condition()
         self._event_sets: list[_EventSet] = []
         self.inits = 0  # nvmlInit calls not yet matched by nvmlShutdown
+        self._waiting = 0  # threads inside nvmlEventSetWait
         self.calls: collections.Counter[str] = collections.Counter()
 
     # --- scripting --------------------------------------------------------------------------
@@ -261,6 +262,11 @@ class FakeNvml:
         want = len(self.gpus) if count is None else count
         with self._lock:
             return self._lock.wait_for(lambda: self.registered_count() >= want, timeout)
+
+    def wait_listening(self, timeout: float = 5.0) -> bool:
+        """Block until some thread is waiting in nvmlEventSetWait (the health thread is up)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._waiting > 0, timeout)
 
     def registered_count(self) -> int:
         return len({i for es in self._event_sets if not es.freed for i in es.masks})
@@ -528,8 +534,13 @@ class FakeNvml:
         if not isinstance(eventSet, _EventSet) or eventSet.freed:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         with self._lock:
-            if not self._lock.wait_for(lambda: eventSet.queue or eventSet.freed, timeoutms / 1000):
-                raise NVMLError(NVML_ERROR_TIMEOUT)
+            self._waiting += 1
+            self._lock.notify_all()
+            try:
+                if not self._lock.wait_for(lambda: eventSet.queue or eventSet.freed, timeoutms / 1000):
+                    raise NVMLError(NVML_ERROR_TIMEOUT)
+            finally:
+                self._waiting -= 1
             if eventSet.freed:
                 raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
             item = eventSet.queue.popleft()

@@ -128,6 +128,25 @@ async def test_an_xid_reaches_list_and_watch_and_the_gpu_recovers(gpu_world: Wor
         assert (await kubelet.admit_pod("big-again", {GPU: 8})).admitted
 
 
+@pytest.mark.parametrize("strategy", ["spread", "pack"])
+async def test_replicas_share_health_and_follow_the_strategy(gpu_world: World, fake: FakeNvml, strategy: str) -> None:
+    config = make_config(replica_strategy=strategy)
+    config = attrs.evolve(config, resources=(attrs.evolve(config.resources[0], replicas=2), config.resources[1]))
+    uuids = [g.uuid for g in fake.gpus]
+    async with node(config, gpu_world) as kubelet:
+        await kubelet.wait_until(lambda: kubelet.capacity(GPU) == 16, timeout=5, what="16 replicas listed")
+        assert {d.id for d in kubelet.devices(GPU)} == {f"{u}::{i}" for u in uuids for i in range(2)}
+        pod = await kubelet.admit_pod("shared", {GPU: 2})
+        used = sorted(i.partition("::")[0] for i in pod.device_ids())
+        assert used == ([uuids[0], uuids[0]] if strategy == "pack" else [uuids[0], uuids[1]]), pod
+        assert sorted(pod.env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(set(used))
+        assert await asyncio.to_thread(fake.wait_registered)
+        fake.fail_probe(uuids[7])
+        fake.inject_xid(uuids[7], 48)
+        await kubelet.wait_until(lambda: kubelet.allocatable(GPU) == 14, timeout=5, what="both replicas Unhealthy")
+        assert {d.id for d in kubelet.devices(GPU) if not d.healthy} == {f"{uuids[7]}::0", f"{uuids[7]}::1"}
+
+
 async def test_without_nvml_the_other_resource_keeps_serving(gpu_world: World, fake: FakeNvml) -> None:
     fake.fail_init(fake_module.NVML_ERROR_LIBRARY_NOT_FOUND)
     async with node(make_config(), gpu_world) as kubelet:

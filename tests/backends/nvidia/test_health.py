@@ -182,7 +182,7 @@ async def test_stops_cleanly(world: World, nv, sink) -> None:
     fake = FakeNvml.nvswitch8()
     w = nv.machine(world, fake)
     async with nv.running(nv.backend(nv.resources({"name": GPU}), w), sink):
-        assert await asyncio.to_thread(fake.wait_registered)
+        assert await asyncio.to_thread(fake.wait_listening)
         assert xid_thread_alive() and fake.inits == 1
     assert not xid_thread_alive()
     assert fake.inits == 0 and fake.open_event_sets == 0
