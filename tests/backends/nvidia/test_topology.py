@@ -192,3 +192,21 @@ def test_replica_answers_are_always_valid(data: st.DataObject, strategy: Replica
     if strategy is ReplicaStrategy.SPREAD:
         must_gpus = {u.partition("::")[0] for u in must}
         assert len(gpus_used) == min(len(gpus_available), len(must_gpus) + size - len(must))
+
+
+async def test_backend_offers_affinity_and_preference_for_its_own_resources(world: World, nv, sink) -> None:
+    from cdiplug.model import Device
+
+    fake = FakeNvml.nvlink_pairs()
+    res = nv.resources({"name": "nvidia.com/gpu"}, {"name": "nvidia.com/none", "options": {"selectors": [{"model": "*L4*"}]}})
+    backend = nv.backend(res, nv.machine(world, fake))
+    a, b, c = (g.uuid for g in fake.gpus[:3])
+    async with nv.running(backend, sink):
+        assert backend.affinity("nvidia.com/gpu", Device(id=f"{a}::1"), Device(id=f"{b}::0")) == 430.0
+        assert backend.affinity("nvidia.com/gpu", Device(id=a), Device(id=c)) == 50.0
+        snap = sink.latest["nvidia.com/gpu"]
+        request = PreferredRequest(available=[c, b, a], size=2)
+        assert sorted(backend.preferred_allocation("nvidia.com/gpu", snap, request) or []) == sorted([a, b])
+        # a resource without GPUs (or unknown) leaves the choice to the core policy
+        assert backend.preferred_allocation("nvidia.com/none", sink.latest["nvidia.com/none"], request) is None
+        assert backend.preferred_allocation("example.com/other", snap, request) is None
