@@ -1,4 +1,4 @@
-"""NVIDIA discovery against FakeNvml and a temporary sysfs/dev tree: what each GPU looks like, NUMA
+"""NVIDIA discovery against FakeNvml and a temporary sysfs/dev tree (also SysfsTree's Linux layout): what each GPU looks like, NUMA
 from sysfs, device nodes present or absent, selectors splitting GPUs into resources, driver mounts.
 
 Runs the real backend (``NvidiaBackend.run``) with a recording sink where the behaviour is about
@@ -17,7 +17,7 @@ from backends.nvidia.driver import driver_mounts
 from backends.nvidia.nvml import Nvml
 from backends.nvidia.options import NvidiaOptions
 from cdiplug.model import DeviceNode, Health, Mount
-from cdiplug.testing import FakeNvml
+from cdiplug.testing import FakeNvml, SysfsTree
 from cdiplug.testing.nvml import FakeGpu
 from cdiplug.world import World
 
@@ -75,6 +75,17 @@ def test_numa_node_from_sysfs(tmp_path: Path) -> None:
     assert numa_node(tmp_path, "0000:81:00.0") == 3
     assert numa_node(tmp_path, "0000:99:00.0") is None  # no such device
     assert numa_node(tmp_path, "../../etc") is None  # never leaves sysfs
+
+
+async def test_numa_from_a_sysfs_tree_laid_out_as_linux_does(world: World, nv, sink) -> None:
+    fake = FakeNvml.pcie_box()
+    tree = SysfsTree(world.sysfs_root)
+    for gpu, node in zip(fake.gpus, (1, 1, 0, -1), strict=True):
+        tree.add_function(gpu.pci_bus_id, vendor=0x10DE, device=0x2236, class_code=0x030200, driver="nvidia", numa_node=node)
+    fake.write_dev(world.dev_root)
+    async with nv.running(nv.backend(nv.resources({"name": "nvidia.com/gpu"}), attrs.evolve(world, nvml=fake)), sink):
+        snap = sink.latest["nvidia.com/gpu"]
+    assert [d.numa_nodes for d in snap.devices] == [(1,), (1,), (0,), ()]
 
 
 async def test_control_nodes_only_where_present_and_missing_gpu_node_is_unhealthy(world: World, nv, sink) -> None:
