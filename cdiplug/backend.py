@@ -111,12 +111,18 @@ class BackendPlugin:
 
     ``options_type`` is an attrs class the core structures each resource's ``options`` into (with
     the one converter of ``cdiplug.config``, unknown keys forbidden). ``create`` builds one backend
-    for all the resources that name this plugin.
+    for all the resources that name this plugin. ``default_cdi_kind``, when given, maps a resource
+    name to the CDI kind used when the resource sets no ``cdi_kind`` (a backend whose vendor tools
+    already write specs under the resource's name needs another kind); else the kind is the name.
     """
 
     name: str
     options_type: type
     create: BackendFactory
+    default_cdi_kind: Callable[[str], str] | None = None
+
+    def cdi_kind_for(self, resource: str) -> str:
+        return self.default_cdi_kind(resource) if self.default_cdi_kind else resource
 
 
 class PluginRegistry(Mapping[str, BackendPlugin]):

@@ -228,13 +228,6 @@ def parse_config(
         if r.name in seen_names:
             raise ConfigError(f"resource {r.name!r} is already defined at $.resources[{seen_names[r.name]}]", f"{at}.name", source)
         seen_names[r.name] = i
-        kind = r.cdi_kind or r.name
-        problem = kind_problem(kind)
-        if problem:
-            raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
-        if kind in seen_kinds:
-            raise ConfigError(f"CDI kind {kind!r} is already used by $.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source)
-        seen_kinds[kind] = i
         if r.replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {r.replicas}", f"{at}.replicas", source)
         if r.allocate is not None and not r.allocate:
@@ -246,6 +239,13 @@ def parse_config(
             plugin = plugins[r.backend]
         except BackendError as exc:  # installed, but its package cannot be imported
             raise BackendNotFound(str(exc), f"{at}.backend", source) from exc
+        kind = r.cdi_kind or plugin.cdi_kind_for(r.name)
+        problem = kind_problem(kind)
+        if problem:
+            raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
+        if kind in seen_kinds:
+            raise ConfigError(f"CDI kind {kind!r} is already used by $.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source)
+        seen_kinds[kind] = i
         options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
         resources.append(
             ResourceConfig(

@@ -23,7 +23,9 @@ from .backend import NvidiaBackend
 from .cdi_kind import NVIDIA_OWNED_KINDS, default_cdi_kind
 from .options import GpuSelector, NvidiaOptions, ReplicaStrategy
 
-plugin = BackendPlugin(name="nvidia", options_type=NvidiaOptions, create=NvidiaBackend)
+plugin = BackendPlugin(
+    name="nvidia", options_type=NvidiaOptions, create=NvidiaBackend, default_cdi_kind=default_cdi_kind
+)
 
 __all__ = [
     "NVIDIA_OWNED_KINDS",

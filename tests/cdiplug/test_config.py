@@ -219,3 +219,19 @@ def test_options_cross_field_problems_name_the_field():
     assert (info.value.message, info.value.path) == ("must not be below low (5), got 2", "$.resources[0].options.high")
     data["resources"][0]["options"] = {"low": 1}
     assert parse_config(data, "c.yaml", plugins).resources[0].options == PairOptions(1, 1)
+
+
+def test_a_backend_may_choose_the_default_cdi_kind_and_cdi_kind_still_wins():
+    plugins = {
+        "own": BackendPlugin(name="own", options_type=PairOptions, create=lambda rs, w: None,  # type: ignore[arg-type,return-value]
+                             default_cdi_kind=lambda name: f"cdiplug.{name}"),
+    }
+    config = parse_config(
+        {"resources": [
+            {"name": "nvidia.com/gpu", "backend": "own"},
+            {"name": "nvidia.com/a10", "backend": "own", "cdi_kind": "example.com/a10"},
+        ]},
+        "c.yaml",
+        plugins,
+    )
+    assert [r.cdi_kind for r in config.resources] == ["cdiplug.nvidia.com/gpu", "example.com/a10"]
