@@ -173,10 +173,8 @@ converter = _make_converter()
 
 
 def to_dict(spec: Spec) -> dict[str, Any]:
+    """The spec's JSON object (an empty spec-level ``containerEdits`` is left out, as Go does)."""
     out: dict[str, Any] = converter.unstructure(spec)
-    # An empty spec-level containerEdits is left out, as Go's omitempty would for an empty map.
-    if out.get("containerEdits") == {}:
-        del out["containerEdits"]
     return out
 
 
