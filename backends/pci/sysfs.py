@@ -237,7 +237,8 @@ class PciSysfs:
             functions[address] = function
             if function.iommu_group is not None:
                 groups.setdefault(function.iommu_group, []).append(address)
-        noiommu = frozenset(g for g in groups if self.group_is_noiommu(g))
+        # Only vfio in no-IOMMU mode makes such groups: skip a read per group otherwise.
+        noiommu = frozenset(g for g in groups if self.group_is_noiommu(g)) if self.noiommu_enabled() else frozenset()
         return PciTopology(functions=functions, groups={g: tuple(m) for g, m in groups.items()}, noiommu_groups=noiommu)
 
     def group_is_noiommu(self, group: str) -> bool:

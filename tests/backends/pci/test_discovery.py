@@ -177,6 +177,7 @@ def test_function_without_group(tree: SysfsTree) -> None:
 
 
 def test_noiommu_group_node(tree: SysfsTree) -> None:
+    tree.enable_vfio(noiommu=True)
     tree.add_function("0000:00:05.0", driver="vfio-pci")
     tree.set_iommu_group("0000:00:05.0", 0, name="vfio-noiommu")
     snaps, _ = select(tree, ("example.com/virtio", {"selectors": [{"addresses": ["0000:00:05.0"]}], "vfio": True, "noiommu": True}))

@@ -1,0 +1,77 @@
+"""End to end with a REAL kernel: hack/vm-vfio-test.sh boots Debian's 6.1 kernel under QEMU (TCG, q35,
+emulated Intel IOMMU, an edu and an e1000e device) and runs cdiplug in the guest against real
+sysfs and /dev/vfio: discover, a refused bind of an interface in use, Allocates through the daemon
+and the kubelet stand-in, SIGKILL in the middle of a bind and recovery at the next start, and
+``cdiplug vfio unbind`` back to the original drivers. The script prints PASS/FAIL lines; this test
+fails on any FAIL, on a missing PASS line, or when qemu, busybox or the kernel is missing (the
+kernel package is fetched with ``apt-get download`` into .vm/ when not cached there).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "hack" / "vm-vfio-test.sh"
+LIMIT = 180  # the whole run, boot included, must stay under 3 minutes on 2 cores
+
+EXPECTED = [
+    "vfio-pci is loaded",
+    "discover: example.com/nic-vfio advertises",
+    "discover: example.com/edu advertises",
+    "discover: the AHCI function",
+    "vfio bind refused while eth0 is up with an address",
+    "Allocate of edu admitted the pod",
+    "the answer gives DeviceSpecs",
+    "the answer gives env PCI_RESOURCE_EXAMPLE_COM_EDU=",
+    "is on vfio-pci (vfio-pci)",
+    "the daemon paused right after unbinding the NIC",
+    "after SIGKILL the NIC has no driver",
+    "after SIGKILL the journal holds the half-done bind",
+    "at start the daemon finished the bind",
+    "Allocate of the NIC after recovery: Running",
+    "is back on e1000e",
+    "has its network interface again",
+    "is back on no driver",
+    "nothing is left recorded",
+]
+
+
+@pytest.mark.timeout(LIMIT + 60)
+def test_vfio_binding_in_a_real_kernel() -> None:
+    missing = [tool for tool in ("qemu-system-x86_64", "busybox") if shutil.which(tool) is None]
+    assert not missing, f"the VM test needs {', '.join(missing)} (apt-get install qemu-system-x86 busybox-static)"
+    cached = (REPO / ".vm" / "vmlinuz-6.1.0-57-amd64").exists() or os.environ.get("CDIPLUG_VM_KERNEL_DEB")
+    assert cached or (shutil.which("apt-get") and shutil.which("dpkg-deb")), (
+        "no cached kernel in .vm/ and no apt-get/dpkg-deb to fetch linux-image-6.1.0-57-amd64"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(SCRIPT)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        timeout=LIMIT + 30,
+        env={**os.environ, "CDIPLUG_VM_TIMEOUT": str(LIMIT - 10)},
+    )
+    took = time.monotonic() - started
+    output = proc.stdout
+    lines = [line.strip() for line in output.splitlines()]
+    fails = [line for line in lines if line.startswith("FAIL")]
+    passes = [line for line in lines if line.startswith("PASS")]
+    tail = "\n".join(output.splitlines()[-60:])
+    assert not fails, "the VM test failed:\n" + "\n".join(fails) + "\n--- last lines ---\n" + tail
+    absent = [e for e in EXPECTED if not any(e in p for p in passes)]
+    assert not absent, f"missing PASS lines: {absent}\n--- last lines ---\n{tail}"
+    assert proc.returncode == 0, f"hack/vm-vfio-test.sh exited {proc.returncode}\n{tail}"
+    assert took < LIMIT, f"the VM test took {took:.0f} s (limit {LIMIT} s)"
