@@ -4,10 +4,9 @@
 
 1. finishes or rolls back what a crash left half done (``vfio.VfioBinder.recover``),
 2. scans sysfs and publishes a snapshot per resource (``discovery``),
-3. rescans on every pyudev event of a PCI device (add, remove, bind, unbind) read through
-   ``loop.add_reader`` on the monitor's file descriptor — ``world.udev_monitor`` when given, else
-   a netlink monitor when ``--sysfs-root`` is a real sysfs — and every ``rescan_interval`` seconds
-   as a fallback (fake trees have no udev); a removed function leaves its snapshot at once,
+3. rescans on every udev event of a PCI device (add, remove, bind, unbind; ``hotplug``) and
+   every ``rescan_interval`` seconds as a fallback (fake trees have no udev); a removed function
+   leaves its snapshot at once,
 4. follows link state through netlink for resources with ``link_health`` (a network function
    whose interface is down is Unhealthy),
 5. restores unheld functions for resources with ``release: restore`` (``release``).
@@ -21,13 +20,14 @@ to vfio-pci after the safety checks (``safety``), one group at a time across all
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attrs import frozen
+from pyroute2.netlink.exceptions import NetlinkError
 
 from cdiplug.backend import SnapshotSink
 from cdiplug.config import ResourceConfig
@@ -35,7 +35,15 @@ from cdiplug.errors import BackendError, CdiplugError, PreparationError
 from cdiplug.model import Device, DeviceSnapshot
 from cdiplug.world import World
 
-from .discovery import Recorded, Selection, denied_by, group_node, select_all, to_snapshot
+from .discovery import (
+    Recorded,
+    Selection,
+    denied_by,
+    group_node,
+    select_all,
+    to_snapshot,
+)
+from .hotplug import UdevWatch, open_monitor
 from .journal import BoundRecord, Journal
 from .links import LinkStates
 from .options import PciOptions
@@ -45,6 +53,8 @@ from .sysfs import PciFunction, PciSysfs, PciTopology, check_address
 from .vfio import VFIO_DRIVER, BindResult, RestoreResult, SysfsWriter, VfioBinder
 
 log = logging.getLogger(__name__)
+
+LINK_RETRY = 5.0
 
 
 @frozen
@@ -90,8 +100,7 @@ class PciBackend:
         self._published: dict[str, DeviceSnapshot] = {}
         self._scan_lock = asyncio.Lock()
         self._group_locks: dict[str, asyncio.Lock] = {}
-        self._udev_pending: list[tuple[str, str]] = []
-        self._udev_event = asyncio.Event()
+        self._wake = asyncio.Event()
 
     # -- scanning ------------------------------------------------------------------------------
 
@@ -168,7 +177,7 @@ class PciBackend:
         if monitor is not None:
             tasks.append(asyncio.create_task(self._watch_udev(monitor), name="pci:udev"))
         if self.links is not None:
-            tasks.append(asyncio.create_task(self.links.run(self._links_changed), name="pci:links"))
+            tasks.append(asyncio.create_task(self._watch_links(self.links), name="pci:links"))
         if self.releaser.active:
             tasks.append(asyncio.create_task(self.releaser.run(), name="pci:release"))
         try:
@@ -189,63 +198,34 @@ class PciBackend:
                     close()
 
     async def _rescan_periodically(self) -> None:
+        """Rescan when woken (link state changed) or, as the fallback, every ``rescan_interval``."""
         interval = min((o.rescan_interval for o in self.options.values()), default=30.0)
         while True:
-            await asyncio.sleep(interval)  # the fallback timer: udev events drive the prompt rescans
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+            self._wake.clear()
             await self.rescan()
 
-    def _links_changed(self) -> None:
-        if self.state is not None:
-            asyncio.get_running_loop().create_task(self.rescan(), name="pci:rescan-links")
-
-    def _open_monitor(self) -> Any:
-        if self.world.udev_monitor is not None:
-            return self.world.udev_monitor
-        if not (self.world.sysfs_root / "kernel" / "uevent_seqnum").exists():
-            return None  # not a real sysfs: nothing will send events about it
-        try:
-            import pyudev
-
-            source = "udev" if Path("/run/udev/control").exists() else "kernel"
-            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
-            monitor.filter_by("pci")
-            return monitor
-        except (ImportError, OSError, pyudev.DeviceNotFoundError) as exc:  # type: ignore[attr-defined]
-            log.warning("no udev monitor (%s): relying on the periodic rescan", exc)
-            return None
-
-    def _on_udev_readable(self, monitor: Any) -> None:
+    async def _watch_links(self, links: LinkStates) -> None:
+        """Follow link state; netlink trouble only costs link health, so retry rather than stop."""
         while True:
             try:
-                event = monitor.poll(timeout=0)
-            except OSError as exc:
-                log.warning("reading a udev event failed: %s", exc)
-                return
-            if event is None:
-                break
-            if getattr(event, "subsystem", "pci") == "pci":
-                self._udev_pending.append((str(event.action), str(event.sys_name)))
-        if self._udev_pending:
-            self._udev_event.set()
+                await links.run(self._wake.set)
+            except (OSError, NetlinkError) as exc:
+                log.error("link state through netlink failed (%s); trying again in %g s", exc, LINK_RETRY)
+            links.up.clear()  # unknown, not down: nothing turns Unhealthy for want of netlink
+            self._wake.set()
+            await asyncio.sleep(LINK_RETRY)
+
+    def _open_monitor(self) -> Any:
+        return self.world.udev_monitor if self.world.udev_monitor is not None else open_monitor(self.world.sysfs_root)
 
     async def _watch_udev(self, monitor: Any) -> None:
-        start = getattr(monitor, "start", None)
-        if start is not None:
-            start()
-        loop = asyncio.get_running_loop()
-        fd = monitor.fileno()
-        loop.add_reader(fd, self._on_udev_readable, monitor)
-        try:
-            while True:
-                await self._udev_event.wait()
-                self._udev_event.clear()
-                events, self._udev_pending = self._udev_pending, []
-                removed = {name for action, name in events if action == "remove"}
-                if removed:
-                    self._drop(removed)
-                await self.rescan()
-        finally:
-            loop.remove_reader(fd)
+        async for events in UdevWatch(monitor).batches():
+            removed = {name for action, name in events if action == "remove"}
+            if removed:
+                self._drop(removed)
+            await self.rescan()
 
     # -- prepare -----------------------------------------------------------------------------------
 
@@ -266,7 +246,7 @@ class PciBackend:
                 async with self._group_lock(group):
                     await self._prepare_group(resource, options, groups[group])
         finally:
-            await self.rescan()
+            await self._rescan_quietly()
 
     async def _prepare_group(self, resource: str, options: PciOptions, devices: Sequence[Device]) -> None:
         state = await self.rescan()
@@ -315,8 +295,15 @@ class PciBackend:
                             raise FunctionInUse(members[0], f"{node} is open by {', '.join(holders)}")
                     results.append(await asyncio.to_thread(self.binder.restore_group, group, members))
         finally:
-            await self.rescan()
+            await self._rescan_quietly()
         return results
+
+    async def _rescan_quietly(self) -> None:
+        """Rescan after a change; a failing scan must not hide the outcome of that change."""
+        try:
+            await self.rescan()
+        except BackendError as exc:
+            log.error("rescan after a bind or restore failed: %s", exc)
 
     def _any_safety(self) -> SafetyChecker:
         return next(iter(self.safety.values()), self.default_safety)

@@ -85,4 +85,6 @@ class Releaser:
                 await self.once()
             except KubeletError as exc:
                 log.warning("release: restore is waiting for the kubelet: %s", exc)
+            except CdiplugError as exc:
+                log.error("release: restore failed this round: %s", exc)
             await asyncio.sleep(self.interval)  # PodResources has no watch for List: a timer it is

@@ -87,7 +87,7 @@ def as_table(snapshots: Mapping[str, DeviceSnapshot]) -> str:
         if len(rows) > 1:
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
             for row in rows:
-                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
         for device_id, reason in snap.skipped:
             lines.append(f"  skipped {device_id}: {reason}")
     return "\n".join(lines)
