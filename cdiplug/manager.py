@@ -44,6 +44,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
+    """Whether the CDI spec of ``new`` equals that of ``old`` (it holds IDs and edits, not health)."""
+    if old is None or old.common_edits != new.common_edits or len(old.devices) != len(new.devices):
+        return False
+    return all(a.id == b.id and a.edits == b.edits for a, b in zip(old.devices, new.devices))
+
+
 class _NoMetrics:
     """Stands in for Metrics where none is given (tests, embedding)."""
 
@@ -254,14 +261,26 @@ class Manager:
             await self._apply(res, snapshot)
 
     async def _apply(self, res: _Resource, snapshot: DeviceSnapshot) -> None:
+        previous, res.applied = res.applied, snapshot
         res.allocator.update(snapshot)
-        res.applied = snapshot
+        if _same_spec(previous, snapshot):
+            # Health or topology only: the spec stays as it is, so the kubelet hears first.
+            self._publish(res)
+            await self._write_spec(res, snapshot)
+        else:
+            # New devices or edits: their spec is on disk before the kubelet can pick them.
+            await self._write_spec(res, snapshot)
+            self._publish(res)
+
+    async def _write_spec(self, res: _Resource, snapshot: DeviceSnapshot) -> None:
         try:
             if await asyncio.to_thread(self.cdi.write, res.config.cdi_kind, snapshot):
                 res.log.info("wrote CDI spec %s", self.cdi.path_for(res.config.cdi_kind))
         except CdiError as exc:
             # Not fatal: Allocate writes it again and fails with this error if it still cannot.
             res.log.error("cannot write the CDI spec: %s", exc)
+
+    def _publish(self, res: _Resource) -> None:
         advertised = res.allocator.advertised
         res.server.publish(advertised)
         healthy = advertised.healthy_count()

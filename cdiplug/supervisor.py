@@ -1,8 +1,8 @@
 """Named, guarded long-lived tasks: one failure takes everything down cleanly, never half-alive.
 
 A :class:`Supervisor` owns the daemon's tasks (backends, registrations, the kubelet watch). A task
-that ends normally or is cancelled simply leaves. A task that raises is logged with its name and
-traceback, every other task is cancelled and awaited, and :meth:`Supervisor.wait` raises that
+that ends normally or is cancelled simply leaves. A task that raises is logged with its name (and the
+traceback, unless it is one of our own errors, whose message says what went wrong), every other task is cancelled and awaited, and :meth:`Supervisor.wait` raises that
 first error to the caller, which decides the exit status (tasks never call ``sys.exit``).
 
 The boundary: this module knows tasks, not what they do.
@@ -79,7 +79,9 @@ class Supervisor:
             # Already going down: a second failure is worth a line, not a second shutdown.
             log.error("task %s also failed: %s", name, exc, exc_info=exc)
             return
-        log.error("task %s failed; stopping: %s", name, exc, exc_info=exc)
+        # One of our errors says what went wrong in its message; anything else is a bug and
+        # needs its traceback.
+        log.error("task %s failed; stopping: %s", name, exc, exc_info=None if isinstance(exc, CdiplugError) else exc)
         self._failure = exc
         self._failed_task = name
         self._done.set()

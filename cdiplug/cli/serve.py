@@ -1,8 +1,9 @@
 """``cdiplug serve``: run the daemon (DESIGN.md's command-line contract).
 
 Exit status: 0 after SIGTERM/SIGINT and a clean stop; 2 for a bad configuration (the message names
-the field and the file; ``cdiplug.cli.main`` prints it); 1 when the daemon cannot run (another
-process serves on our socket, a backend cannot start), with the reason on stderr.
+the field and the file; ``cdiplug.cli.main`` prints it) or a backend that was told to fail when it
+cannot start (:class:`BackendInitError`); 1 when the daemon cannot run otherwise (another process
+serves on our socket, a backend failed), with the reason logged.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import asyncio
 import logging
 import sys
 
-from ..errors import CdiplugError, ConfigError
+from ..errors import BackendInitError, CdiplugError, ConfigError
 from ..logs import FORMATS, setup_logging
-from . import add_config_option, add_option, add_world_options, world_from_args
+from . import EXIT_USAGE, add_config_option, add_option, add_world_options, world_from_args
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(serve(args.config, world, args.metrics_address))
     except ConfigError:
         raise  # cdiplug.cli.main reports it and exits 2
+    except BackendInitError as exc:
+        # A backend told to fail when it cannot start (fail_on_init_error): a configuration matter.
+        log.error("cdiplug serve: %s", exc)
+        return EXIT_USAGE
     except CdiplugError as exc:
         log.error("cdiplug serve: %s", exc)
         return EXIT_FAILED

@@ -45,8 +45,20 @@ async def test_one_failure_cancels_the_others_and_is_raised(caplog: pytest.LogCa
         assert sup.names() == []
         assert sup.failed_task == "backend:broken"
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert "backend:broken" in record.getMessage()
-    assert record.exc_info is not None
+    assert "backend:broken" in record.getMessage() and "sysfs unreadable" in record.getMessage()
+    assert record.exc_info is None  # our own error: its message says it all, no traceback
+
+
+async def test_a_bug_is_logged_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    async def buggy() -> None:
+        raise KeyError("oops")
+
+    async with Supervisor() as sup:
+        sup.spawn("buggy", buggy())
+        with pytest.raises(KeyError):
+            await asyncio.wait_for(sup.wait(), 2)
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info is not None and "buggy" in record.getMessage()
 
 
 async def test_finishing_and_cancelled_tasks_just_leave() -> None:
