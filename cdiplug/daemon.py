@@ -76,15 +76,17 @@ class Daemon:
         return await asyncio.to_thread(load_config, self.config_source, self.plugins)
 
     async def run(self, handle_signals: bool = True) -> int:
-        config = await self._load()  # ConfigError propagates: exit status 2
-        log.info("configuration %s: %s", config.source, ", ".join(r.name for r in config.resources))
         loop = asyncio.get_running_loop()
         installed: list[int] = []
         if handle_signals:
+            # Installed first: a SIGTERM while starting up still means a clean stop.
             for sig, handler in ((signal.SIGTERM, self._on_stop_signal), (signal.SIGINT, self._on_stop_signal), (signal.SIGHUP, self._on_hup)):
                 loop.add_signal_handler(sig, handler, sig)
                 installed.append(sig)
         try:
+            config = await self._load()  # ConfigError propagates: exit status 2
+            log.info("configuration %s: %s", config.source, ", ".join(r.name for r in config.resources))
+            self._reload.clear()  # a SIGHUP before we ran has nothing newer to read
             async with contextlib.AsyncExitStack() as stack:
                 if self.metrics_address:
                     await stack.enter_async_context(self.metrics.serve(self.metrics_address))

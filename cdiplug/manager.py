@@ -167,6 +167,7 @@ class Manager:
         """Serve every resource and start registering; returns once all servers are serving."""
         async with self._lock:
             self.metrics.configure(r.name for r in self.config.resources)
+            self._ensure_kubelet_dir()
             await self._remove_stale_specs(self.config)
             # Armed before the first Register, so a kubelet restart in between is not missed.
             self._watch = KubeletWatch(self.world.kubelet_dir, self._serving_sockets)
@@ -238,6 +239,13 @@ class Manager:
         allocator = self._new_allocator(rc, abilities)
         server = ResourceServer(rc.name, rc.socket_name, self.world.kubelet_dir, allocator)
         return _Resource(rc, allocator, server)
+
+    def _ensure_kubelet_dir(self) -> None:
+        """The kubelet creates its folder; we may be first (a node booting): create it then."""
+        try:
+            self.world.kubelet_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CdiplugError(f"cannot create the kubelet folder {self.world.kubelet_dir}: {exc.strerror}") from exc
 
     def _serving_sockets(self) -> list[str]:
         return [r.server.socket_name for r in self._resources.values() if r.server.serving]
@@ -341,6 +349,7 @@ class Manager:
                 log.info("the kubelet is there now; registering every resource")
             gone = [r for r in self._resources.values() if r.server.socket_name in event.missing_sockets]
             if gone:
+                self._ensure_kubelet_dir()  # the whole folder may have gone and not be back yet
                 log.info("sockets removed: %s; serving them again", ", ".join(sorted(r.server.socket_name for r in gone)))
             await self._reregister(gone, reserve=True)
             if event.kubelet_restarted:

@@ -15,10 +15,13 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -108,6 +111,15 @@ async def test_kubelet_absent_at_start_then_appearing(world: World, short_tmp: P
             assert kubelet.allocatable(FPGA) == 2
 
 
+async def test_a_missing_kubelet_folder_is_created(world: World, short_tmp: Path) -> None:
+    world.kubelet_dir.rmdir()  # a node still booting: no kubelet, no folder
+    config = write_config(short_tmp / "config.yaml", {FPGA: 1})
+    async with daemon(config, world):
+        assert sock(world, FPGA).is_socket()
+        async with KubeletStandIn(world.kubelet_dir) as kubelet:
+            await kubelet.wait_registered(FPGA, timeout=5)
+
+
 async def test_a_stale_socket_is_replaced(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp / "config.yaml", {FPGA: 2})
     async with KubeletStandIn(world.kubelet_dir) as kubelet:
@@ -176,11 +188,29 @@ async def serve_process(config: Path | None, world: World, short_tmp: Path, *ext
             await proc.wait()
 
 
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 async def test_sigterm_stops_cleanly_with_status_0(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp / "config.yaml", {FPGA: 2, NIC: 1})
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, serve_process(config, world, short_tmp) as daemon_process:
+    metrics = ("--metrics-address", "127.0.0.1:0")
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, serve_process(config, world, short_tmp, *metrics) as daemon_process:
         for name in (FPGA, NIC):
             await kubelet.wait_registered(name, timeout=15)
+        # The metrics endpoint runs and knows both resources are registered.
+        await daemon_process.wait_log("serving /metrics")
+        url = re.search(r"http://\S+", daemon_process.messages()).group(0)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 5
+        while (await asyncio.to_thread(http_get, url + "/readyz"))[0] != 200:  # nothing to wait on but time
+            assert time.monotonic() < deadline, "/readyz never answered 200"
+            await asyncio.sleep(0.02)
+        status, text = await asyncio.to_thread(http_get, url + "/metrics")
+        assert status == 200 and f'cdiplug_devices{{health="healthy",resource="{FPGA}"}} 2.0' in text
         daemon_process.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(daemon_process.proc.wait(), 10) == 0
         assert sorted(p.name for p in world.kubelet_dir.iterdir()) == ["kubelet.sock"]  # ours removed
