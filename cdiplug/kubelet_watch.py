@@ -22,6 +22,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from attrs import frozen
 
@@ -82,7 +83,7 @@ class KubeletWatch:
         self._kubelet: tuple[int, int, int] | None = None
         self._ever_seen = False
 
-    async def __aenter__(self) -> KubeletWatch:
+    async def __aenter__(self) -> Self:
         await self._folder.__aenter__()
         # Read the kubelet socket only once the watch is armed, so no restart falls in between.
         self._kubelet = _identity(self.kubelet_dir / KUBELET_SOCKET)

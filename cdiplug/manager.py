@@ -54,7 +54,7 @@ def _same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
 class _NoMetrics:
     """Stands in for Metrics where none is given (tests, embedding)."""
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
 
 

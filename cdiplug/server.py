@@ -24,9 +24,9 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -289,10 +289,9 @@ async def _discard(server: grpc.aio.Server, temp: Path) -> None:
 
 def _offer(queue: asyncio.Queue[Any], item: Any) -> None:
     """Replace whatever the one-slot queue holds with ``item`` (the newest list wins)."""
-    if queue.full():
-        if queue.get_nowait() is _END:
-            queue.put_nowait(_END)  # the end of a stream is never overwritten
-            return
+    if queue.full() and queue.get_nowait() is _END:
+        queue.put_nowait(_END)  # the end of a stream is never overwritten
+        return
     queue.put_nowait(item)
 
 
@@ -302,13 +301,13 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, server: ResourceServer) -> None:
         self._s = server
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:  # noqa: N802
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=self._s.pre_start_required,
             get_preferred_allocation_available=True,
         )
 
-    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802
+    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
         queue = self._s._open_stream()
         try:
             while True:
@@ -320,16 +319,16 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             # Reached too when the kubelet cancels: grpc cancels this task at queue.get().
             self._s._close_stream(queue)
 
-    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:  # noqa: N802
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
         requests = [list(r.devices_ids) for r in request.container_requests]
         try:
             answers = await self._s.allocator.allocate(requests)
-        except Exception as exc:  # noqa: BLE001 (mapped to a status below; AbortError is raised outside)
+        except Exception as exc:
             await self._abort(context, "Allocate", requests, exc)
             raise  # unreachable: abort raises
         return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
 
-    async def GetPreferredAllocation(  # noqa: N802
+    async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreferredAllocationResponse:
         requests = [
@@ -342,20 +341,20 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         ]
         try:
             answers = self._s.allocator.preferred(requests)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self._abort(context, "GetPreferredAllocation", [r.available for r in requests], exc)
             raise
         return pb.PreferredAllocationResponse(
             container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers]
         )
 
-    async def PreStartContainer(  # noqa: N802
+    async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreStartContainerResponse:
         ids = list(request.devices_ids)
         try:
             await self._s.allocator.pre_start(ids)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await self._abort(context, "PreStartContainer", [ids], exc)
             raise
         return pb.PreStartContainerResponse()

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from .errors import CdiplugError
 
@@ -120,7 +120,7 @@ class Supervisor:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def __aenter__(self) -> Supervisor:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

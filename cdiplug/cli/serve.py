@@ -15,7 +15,13 @@ import sys
 
 from ..errors import BackendInitError, CdiplugError, ConfigError
 from ..logs import FORMATS, setup_logging
-from . import EXIT_USAGE, add_config_option, add_option, add_world_options, world_from_args
+from . import (
+    EXIT_USAGE,
+    add_config_option,
+    add_option,
+    add_world_options,
+    world_from_args,
+)
 
 log = logging.getLogger(__name__)
 

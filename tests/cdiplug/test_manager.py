@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -31,7 +31,7 @@ class RecordingKubelet(pb_grpc.RegistrationServicer):
         self.refuse = refuse
         self.registered = asyncio.Event()
 
-    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:  # noqa: N802
+    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
         self.requests.append(request)
         if self.refuse:
             await context.abort(grpc.StatusCode.UNKNOWN, self.refuse)

@@ -29,7 +29,15 @@ from cdiplug.errors import (
     PreparationError,
     SocketInUse,
 )
-from cdiplug.model import ContainerAllocation, Device, DeviceNode, DeviceSnapshot, Health, Mount, PreferredRequest
+from cdiplug.model import (
+    ContainerAllocation,
+    Device,
+    DeviceNode,
+    DeviceSnapshot,
+    Health,
+    Mount,
+    PreferredRequest,
+)
 from cdiplug.server import ResourceServer
 
 RESOURCE = "example.com/fpga"
