@@ -22,7 +22,7 @@
 #        hack/vm-vfio-test.sh --guest    (run by the guest's init; not for people)
 set -euo pipefail
 
-KVER=6.1.0-57-amd64
+KVER=${CDIPLUG_VM_KVER:-6.1.0-57-amd64} # Debian 12's kernel; a later 6.1.0-N-amd64 works too
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # ------------------------------------------------------------------------------------------------
@@ -40,10 +40,20 @@ MODULES=(
   kernel/drivers/vfio/vfio_virqfd kernel/drivers/vfio/pci/vfio-pci-core kernel/drivers/vfio/pci/vfio-pci
 )
 
-fetch_kernel() {
+download_kernel() { # VM KVER: apt-get download linux-image-KVER into VM; prints the .deb
+  local vm=$1 kver=$2
+  (cd "$vm" && apt-get download "linux-image-$kver" >&2) || return 1
+  local fetched=("$vm"/linux-image-"$kver"_*.deb)
+  [[ -f ${fetched[0]} ]] && echo "${fetched[0]}"
+}
+
+fetch_kernel() { # sets KVER when the pinned kernel is gone from the archive
   local vm=$1
-  [[ -f $vm/vmlinuz-$KVER && -f $vm/modules-$KVER/.complete ]] && return 0
   local deb=${CDIPLUG_VM_KERNEL_DEB:-}
+  if [[ -n $deb ]]; then
+    KVER=$(dpkg-deb -f "$deb" Package | sed 's/^linux-image-//')
+  fi
+  [[ -f $vm/vmlinuz-$KVER && -f $vm/modules-$KVER/.complete ]] && return 0
   if [[ -z $deb ]]; then
     local found=("$vm"/linux-image-"$KVER"_*.deb)
     [[ -f ${found[0]} ]] && deb=${found[0]}
@@ -51,10 +61,16 @@ fetch_kernel() {
   if [[ -z $deb ]]; then
     command -v apt-get >/dev/null || { echo "FAIL: no kernel: set CDIPLUG_VM_KERNEL_DEB or install apt-get" >&2; return 1; }
     echo "fetching linux-image-$KVER with apt-get download" >&2
-    (cd "$vm" && apt-get download "linux-image-$KVER" >&2) || {
-      echo "FAIL: apt-get download linux-image-$KVER failed (run apt-get update?)" >&2; return 1; }
-    local fetched=("$vm"/linux-image-"$KVER"_*.deb)
-    deb=${fetched[0]}
+    deb=$(download_kernel "$vm" "$KVER") || {
+      apt-get update -qq >&2 || true # a fresh machine may have no package lists yet
+      deb=$(download_kernel "$vm" "$KVER")
+    } || {
+      # Debian drops superseded ABI versions from the archive: take the current 6.1 kernel.
+      local current
+      current=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\([0-9][^ ]*-amd64\)$/\1/p' | head -1)
+      [[ -n $current ]] && echo "linux-image-$KVER is gone; using linux-image-$current" >&2 && KVER=$current &&
+        deb=$(download_kernel "$vm" "$KVER")
+    } || { echo "FAIL: apt-get download linux-image-$KVER failed" >&2; return 1; }
   fi
   local tmp
   tmp=$(mktemp -d "$vm/unpack.XXXXXX")
@@ -121,11 +137,15 @@ host_main() {
   command -v qemu-system-x86_64 >/dev/null || { echo "FAIL: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)" >&2; exit 1; }
   local vm=${CDIPLUG_VM_DIR:-$ROOT/.vm}
   mkdir -p "$vm"
+  # Several runs may share .vm/ (parallel test runs): one prepares, the others wait.
+  exec 9>"$vm/.lock"
+  flock 9
   fetch_kernel "$vm"
   build_initramfs "$vm"
+  flock -u 9
   local python
   python=$(python3 -c 'import sys; print(sys.executable)')
-  local log=$vm/console.log
+  local log=$vm/console-$$.log
   local started=$SECONDS
   # TCG: KVM on these machines cannot run a stock kernel, and TCG is fast enough for this.
   set +e
@@ -144,7 +164,8 @@ host_main() {
   passes=$(grep -c '^PASS' "$log" || true)
   fails=$(grep -c '^FAIL' "$log" || true)
   exit_line=$(grep -a '^VM-TEST-EXIT:' "$log" | tail -1 | tr -d '\r' || true)
-  echo "host: $passes PASS, $fails FAIL, ${exit_line:-no exit line}"
+  echo "host: $passes PASS, $fails FAIL, ${exit_line:-no exit line} (console in $vm/console.log)"
+  mv -f "$log" "$vm/console.log"
   if [[ $qemu_rc == 124 ]]; then
     echo "FAIL: the VM did not finish within ${CDIPLUG_VM_TIMEOUT:-170} s" >&2
     exit 1
@@ -208,7 +229,8 @@ guest_main() {
     '    options: {selectors: [{vendor: "0x8086", device: "0x10d3"}], vfio: true}' \
     '  - name: example.com/edu' \
     '    backend: pci' \
-    '    options: {selectors: [{vendor: "0x1234", device: "0x11e8"}], vfio: true}' \
+    '    options: {selectors: [{vendor: "0x1234", device: "0x11e8"}], vfio: true,' \
+    '              release: restore, release_grace: 3, release_interval: 1}' \
     '  - name: example.com/sata' \
     '    backend: pci' \
     '    options: {selectors: [{class: "0x010601"}], vfio: true}' >/tmp/cdiplug.yaml
@@ -288,7 +310,7 @@ sys.exit(1 if fails else 0)
 GUEST_DAEMON_SCENARIO='
 import asyncio, os, signal, subprocess, sys, time
 from pathlib import Path
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, PodResourcesStandIn
 
 nic, nic_group, edu, edu_group = sys.argv[1:]
 fails = 0
@@ -309,7 +331,9 @@ async def registered(kubelet, resource, count, timeout=90):
         lambda: sum(r.resource == resource for r in kubelet.registrations) >= count and kubelet.is_registered(resource),
         timeout, f"{resource} registration {count}")
 
-async def scenario(kubelet, procs):
+async def scenario(kubelet, podres, procs):
+    # The pod that gets edu, as the PodResources API of the kubelet will list it.
+    podres.hold("default", "vm-edu", "compute", "example.com/edu", [edu])
     proc = daemon({"CDIPLUG_PCI_PAUSE_AFTER": "unbind"})
     procs.append(proc)
     await registered(kubelet, "example.com/edu", 1)
@@ -361,14 +385,23 @@ async def scenario(kubelet, procs):
     pod = await kubelet.admit_pod("vm-nic", {"example.com/nic-vfio": 1})
     specs = [n.path for n in pod.device_specs]
     ok(pod.admitted and f"/dev/vfio/{nic_group}" in specs, f"Allocate of the NIC after recovery: {pod.phase.value} {specs}")
+    ok(driver(edu) == "vfio-pci", "edu stays on vfio-pci while PodResources lists its pod")
+    podres.release_pod("default", "vm-edu")
+    kubelet.remove_pod("vm-edu")
+    deadline = time.monotonic() + 40
+    while driver(edu) is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)  # the daemon asks PodResources every second; nothing to await here
+    ok(driver(edu) is None, f"release: restore gave edu back to no driver once no pod held it ({driver(edu)})")
+    ok(not Path(f"/dev/vfio/{edu_group}").exists(), f"/dev/vfio/{edu_group} went away with it")
     proc.send_signal(signal.SIGTERM)
     ok(proc.wait(timeout=60) == 0, "the daemon stops cleanly on SIGTERM")
 
 async def main():
     procs = []
-    async with KubeletStandIn("/tmp/kubelet", call_timeout=90) as kubelet:
+    async with KubeletStandIn("/tmp/kubelet", call_timeout=90) as kubelet, \
+            PodResourcesStandIn("/tmp/pod-resources.sock") as podres:
         try:
-            await scenario(kubelet, procs)
+            await scenario(kubelet, podres, procs)
         except Exception as exc:
             ok(False, f"daemon scenario: {type(exc).__name__}: {exc}")
         finally:
