@@ -210,10 +210,6 @@ async def test_cdiplug_serve_on_a_node_without_a_driver(world: World, short_tmp:
 
 
 @NO_DRIVER
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue #6 wants exit 2; cdiplug serve still maps BackendInitError to 1 and the supervisor logs a traceback",
-)
 async def test_cdiplug_serve_with_fail_on_init_error_exits_2(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp, fail_on_init_error=True)
     proc = await asyncio.create_subprocess_exec(
