@@ -44,7 +44,7 @@ from .discovery import (
     to_snapshot,
 )
 from .hotplug import UdevWatch, open_monitor
-from .journal import BoundRecord, Journal
+from .journal import BoundRecord, Journal, JournalError
 from .links import LinkStates
 from .options import PciOptions
 from .release import Lister, Releaser
@@ -106,7 +106,13 @@ class PciBackend:
 
     def _scan_sync(self) -> tuple[PciTopology, Mapping[str, BoundRecord], bool, bool]:
         topology = self.sysfs.scan()
-        recorded = self.journal.all_bound()
+        try:
+            recorded = self.journal.all_bound()
+        except JournalError as exc:
+            # Without the records, selectors on driver or netdev miss functions cdiplug bound;
+            # everything else is still right, so say so and go on.
+            log.warning("cannot read what cdiplug bound (%s): bound functions may be missed", exc)
+            recorded = {}
         iommufd = self.world.host_path("/dev/iommu").exists()
         return topology, recorded, self.sysfs.noiommu_enabled(), iommufd
 
@@ -368,7 +374,6 @@ class PciBackend:
             node=node,
             node_present=node is not None and self.world.host_path(node).exists(),
             pending=tuple(f"{e.op.value} interrupted at {e.step.value} of {e.function}" for e in pending),
-            resources=tuple(name for name, sel in state.selections.items() if any(f.address == address for f in sel.functions)),
         )
 
 
@@ -383,7 +388,6 @@ class FunctionStatus:
     node: str | None
     node_present: bool
     pending: tuple[str, ...] = ()
-    resources: tuple[str, ...] = ()
 
 
 __all__ = ["FunctionStatus", "PciBackend", "ScanState"]

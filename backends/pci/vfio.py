@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from cdiplug.errors import PreparationError
 
@@ -122,8 +122,6 @@ class VfioBinder:
         return fn
 
     def _step(self, entry: JournalEntry, step: Step, address: str) -> JournalEntry:
-        from attrs import evolve
-
         entry = evolve(entry, step=step, function=address)
         self.journal.write(entry)
         return entry
