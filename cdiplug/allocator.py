@@ -116,6 +116,8 @@ class Allocator:
 
     def update(self, snapshot: DeviceSnapshot) -> None:
         """Take the backend's latest snapshot of this resource."""
+        if snapshot is self._snapshot:
+            return
         if snapshot.resource != self.resource.name:
             raise ValueError(f"snapshot of {snapshot.resource} given to the allocator of {self.resource.name}")
         advertised = expand(snapshot, self.resource.replicas)
@@ -153,6 +155,11 @@ class Allocator:
             per_request = [self._devices_for(i, ids) for i, ids in enumerate(requests)]
             if self.abilities.preparer is not None:
                 await self._prepare(snapshot, per_request)
+                if self._snapshot is not snapshot:
+                    # Preparing changed what the backend reports (a bound function gains its
+                    # /dev/vfio/devices/vfioN): answer and write the spec from the news.
+                    snapshot = self._snapshot
+                    per_request = [self._devices_for(i, ids) for i, ids in enumerate(requests)]
             if self.cdi is not None and (self._send_cdi or self._send_annotations):
                 await self._ensure_cdi(snapshot)
             answers = [self._answer(snapshot, ids, devices) for ids, devices in zip(requests, per_request)]

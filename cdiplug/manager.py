@@ -256,6 +256,9 @@ class Manager:
         res = self._resources.get(snapshot.resource)
         if res is None:
             return
+        # The allocator hears at once, so an Allocate that made the backend report (binding a
+        # function, say) answers from the news; the updater then writes the spec and publishes.
+        res.allocator.update(snapshot)
         res.pending = snapshot
         res.wake.set()
 

@@ -298,6 +298,7 @@ class FakeSysfsKernel:
         self.crash_after: int | Callable[[str, str], bool] | None = None
         self.on_write: Callable[[str, str], None] | None = None
         self._next_group = 1000
+        self._next_cdev = 0
 
     def write(self, path: Path, value: str) -> None:
         rel = str(Path(path).relative_to(self.tree.root))
@@ -363,7 +364,9 @@ class FakeSysfsKernel:
                 node_name = f"noiommu-{group}"
             tree.bind(address, driver)
             if self.iommufd:
-                (tree.real_dir(address) / "vfio-dev" / "vfio0").mkdir(parents=True, exist_ok=True)
+                # The kernel numbers vfio cdevs in bind order, one per bound function.
+                (tree.real_dir(address) / "vfio-dev" / f"vfio{self._next_cdev}").mkdir(parents=True, exist_ok=True)
+                self._next_cdev += 1
             if tree.dev_root is not None:
                 _write(tree.dev_root / "dev" / "vfio" / str(node_name), "")
         else:
