@@ -115,7 +115,9 @@ register_enum(AllocatePart)
 def _format_exception(exc: BaseException, type_: Any) -> str:
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         unknown = ", ".join(repr(k) for k in sorted(exc.extra_fields))
-        allowed = ", ".join(a.alias or a.name for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else ""
+        # A field named after a Python keyword (class_) is spelled without the underscore in
+        # the file (options classes rename it so); say it as users write it.
+        allowed = ", ".join((a.alias or a.name).rstrip("_") for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else ""
         return f"unknown key{'s' if len(exc.extra_fields) > 1 else ''} {unknown}" + (f" (allowed: {allowed})" if allowed else "")
     if isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], str):
         return exc.args[0]
