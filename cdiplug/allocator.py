@@ -151,6 +151,8 @@ class Allocator:
         started = time.perf_counter()
         ok = False
         try:
+            if not requests:
+                raise InvalidRequest(f"{self.resource.name}: Allocate names no container requests")
             snapshot = self._snapshot
             per_request = [self._devices_for(i, ids) for i, ids in enumerate(requests)]
             if self.abilities.preparer is not None:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -33,11 +32,14 @@ from pathlib import Path
 import cattrs
 from attrs import field, frozen
 
+from cdiplug.atomic import fsync_dir, write_atomic
 from cdiplug.errors import BackendError
 
 from .sysfs import check_address, is_address
 
 log = logging.getLogger(__name__)
+
+STATE_FILE_MODE = 0o600  # the journal is ours alone
 
 _GROUP_KEY = re.compile(r"^([0-9]+|noiommu:[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$")
 
@@ -110,33 +112,6 @@ def _file_name(group: str) -> str:
     return check_group_key(group).replace(":", "_")
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so readers see the old or the new content, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.rename(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Journal:
     """The state folder of the PCI backend (see the module docstring). Blocking: use from a thread."""
 
@@ -159,7 +134,7 @@ class Journal:
         self.ensure()
         data = json.dumps(_conv.unstructure(entry), indent=1, sort_keys=True).encode()
         try:
-            write_atomic(self.journal_dir / f"{_file_name(entry.group)}.json", data)
+            write_atomic(self.journal_dir / f"{_file_name(entry.group)}.json", data, STATE_FILE_MODE)
         except OSError as exc:
             raise JournalError(f"cannot write the journal for IOMMU group {entry.group}: {exc.strerror}") from exc
 
@@ -167,7 +142,7 @@ class Journal:
         path = self.journal_dir / f"{_file_name(group)}.json"
         try:
             path.unlink(missing_ok=True)
-            _fsync_dir(self.journal_dir)
+            fsync_dir(self.journal_dir)
         except OSError as exc:
             raise JournalError(f"cannot remove {path}: {exc.strerror}") from exc
 
@@ -215,7 +190,7 @@ class Journal:
         self.ensure()
         data = json.dumps(_conv.unstructure(record), indent=1, sort_keys=True).encode()
         try:
-            write_atomic(self.bound_dir / f"{check_address(record.address)}.json", data)
+            write_atomic(self.bound_dir / f"{check_address(record.address)}.json", data, STATE_FILE_MODE)
         except OSError as exc:
             raise JournalError(f"cannot record the original driver of {record.address}: {exc.strerror}") from exc
 

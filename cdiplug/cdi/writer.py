@@ -13,7 +13,6 @@ mtime, mode); a file removed or changed behind its back is rewritten.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from attrs import frozen
 
+from ..atomic import TEMP_SUFFIX, write_atomic
 from ..errors import CdiError
 from ..model import DeviceSnapshot
 from .names import spec_file_name
@@ -30,7 +30,6 @@ from .spec import build_spec, to_json
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 OWN_PREFIX = "cdiplug-"
-_TEMP_SUFFIX = ".tmp"
 
 
 @frozen
@@ -120,7 +119,7 @@ class SpecWriter:
             for entry in entries:
                 name = entry.name
                 ours = name.startswith(OWN_PREFIX) and name.endswith(".json") and name not in keep
-                leftover = name.startswith("." + OWN_PREFIX) and name.endswith(_TEMP_SUFFIX)
+                leftover = name.startswith("." + OWN_PREFIX) and name.endswith(TEMP_SUFFIX)
                 if not (ours or leftover) or not entry.is_file(follow_symlinks=False):
                     continue
                 if _unlink(Path(entry.path)):
@@ -134,24 +133,10 @@ class SpecWriter:
             self.cdi_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise CdiError(f"cannot create CDI folder {self.cdi_dir}: {exc.strerror}") from exc
-        temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}{_TEMP_SUFFIX}")
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
-            try:
-                os.fchmod(fd, FILE_MODE)  # the umask may have narrowed it
-                view = memoryview(content)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-                stamp = _Stamp.of(os.fstat(fd))
-            finally:
-                os.close(fd)
-            os.rename(temp, path)
+            stamp = _Stamp.of(write_atomic(path, content, FILE_MODE))
         except OSError as exc:
-            with contextlib.suppress(CdiError):
-                _unlink(temp)
             raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
-        _fsync_dir(self.cdi_dir)
         return stamp
 
 
@@ -181,17 +166,3 @@ def _unlink(path: Path) -> bool:
         if exc.errno == errno.EISDIR:
             return False
         raise CdiError(f"cannot remove {path}: {exc.strerror}") from exc
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable. Best effort: some filesystems refuse fsync on folders."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

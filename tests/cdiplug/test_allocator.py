@@ -103,6 +103,8 @@ async def test_validation_names_the_request_and_the_ids():
     a.update(snapshot())
     with pytest.raises(InvalidRequest, match=r"container request 1 asks for no devices"):
         await a.allocate([["d0"], []])
+    with pytest.raises(InvalidRequest, match=r"Allocate names no container requests"):
+        await a.allocate([])
     with pytest.raises(InvalidRequest, match=r"container request 0: unknown device IDs 'x', 'y'$"):
         await a.allocate([["d0", "x", "y", "x"]])
     with pytest.raises(InvalidRequest, match=r"container request 2: device IDs listed more than once: 'd1', 'd2'$"):
@@ -116,12 +118,6 @@ async def test_nothing_is_known_before_the_first_snapshot():
     assert a.advertised.devices == ()
     with pytest.raises(InvalidRequest, match="unknown device IDs 'd0'"):
         await a.allocate([["d0"]])
-
-
-async def test_no_container_requests_get_no_answers():
-    a = allocator()
-    a.update(snapshot())
-    assert await a.allocate([]) == []
 
 
 async def test_snapshot_of_another_resource_is_refused():
