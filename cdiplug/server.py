@@ -34,7 +34,6 @@ import grpc.aio
 from .api import deviceplugin_v1beta1_pb2 as pb
 from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from .errors import (
-    CdiError,
     CdiplugError,
     DeviceUnavailable,
     InvalidRequest,
@@ -49,8 +48,8 @@ SOCKET_MODE = 0o600
 # How long a live-socket probe may take: a process that accepts connections answers at once.
 PROBE_TIMEOUT = 0.5
 
-_END = object()
-_temp_names = itertools.count()  # put into a stream's queue to end that stream cleanly (status OK)
+_END = object()  # put into a stream's queue to end that stream cleanly (status OK)
+_temp_names = itertools.count()  # unique temporary socket names within this process
 
 
 class AllocatorLike(Protocol):
@@ -72,9 +71,7 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, (DeviceUnavailable, PreparationError)):  # DeviceInUse is a PreparationError
         return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, CdiError):
-        return grpc.StatusCode.INTERNAL
-    return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.INTERNAL  # CdiError and anything else: our fault, not the caller's
 
 
 # -- model -> protobuf ------------------------------------------------------------------------
