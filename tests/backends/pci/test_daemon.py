@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import attrs
 import grpc
 import pytest
 
 from backends.pci import PciBackend, PciOptions
 from cdiplug.backend import BackendPlugin
-from cdiplug.config import ResourceConfig, parse_config
+from cdiplug.config import parse_config
 from cdiplug.daemon import serve
 from cdiplug.testing import KubeletStandIn
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
