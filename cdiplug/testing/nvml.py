@@ -10,166 +10,52 @@ Scripting: :meth:`FakeNvml.inject_xid` (a GPU by UUID, or ``None`` for an event 
 a GPU that fell off the bus does), :meth:`FakeNvml.fail_init` (no driver library, no driver),
 :meth:`FakeNvml.fail_wait` (the next event wait fails). :meth:`FakeNvml.write_sysfs` and
 :meth:`FakeNvml.write_dev` lay out the ``numa_node`` files and ``/dev/nvidia*`` nodes that go
-with the machine. Fixtures: :meth:`FakeNvml.nvswitch8`, :meth:`FakeNvml.nvlink_pairs`,
-:meth:`FakeNvml.pcie_box`.
+with the machine. Fixtures (``cdiplug.testing.nvml_machines``): :meth:`FakeNvml.nvswitch8`,
+:meth:`FakeNvml.nvlink_pairs`, :meth:`FakeNvml.pcie_box`.
 
-This module never imports pynvml; the constants carry the real values (a test compares them).
+This module never imports pynvml; the constants (``cdiplug.testing.nvml_values``, re-exported
+here with the value shapes) carry the real values (a test compares them).
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attrs import define, field, frozen
-
-# --- constants, with pynvml's names and values ----------------------------------------------
-
-NVML_SUCCESS = 0
-NVML_ERROR_UNINITIALIZED = 1
-NVML_ERROR_INVALID_ARGUMENT = 2
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_ALREADY_INITIALIZED = 5
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_INSUFFICIENT_SIZE = 7
-NVML_ERROR_INSUFFICIENT_POWER = 8
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_TIMEOUT = 10
-NVML_ERROR_IRQ_ISSUE = 11
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_CORRUPTED_INFOROM = 14
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_RESET_REQUIRED = 16
-NVML_ERROR_OPERATING_SYSTEM = 17
-NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
-NVML_ERROR_IN_USE = 19
-NVML_ERROR_MEMORY = 20
-NVML_ERROR_NO_DATA = 21
-NVML_ERROR_UNKNOWN = 999
-
-NVML_TOPOLOGY_INTERNAL = 0
-NVML_TOPOLOGY_SINGLE = 10
-NVML_TOPOLOGY_MULTIPLE = 20
-NVML_TOPOLOGY_HOSTBRIDGE = 30
-NVML_TOPOLOGY_NODE = 40
-NVML_TOPOLOGY_SYSTEM = 50
-
-NVML_FEATURE_DISABLED = 0
-NVML_FEATURE_ENABLED = 1
-NVML_DEVICE_MIG_DISABLE = 0
-NVML_DEVICE_MIG_ENABLE = 1
-NVML_NVLINK_MAX_LINKS = 18  # the real library says 36 in newer releases; callers must read it from the module
-
-NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
-NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
-NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
-NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
-
-nvmlEventTypeSingleBitEccError = 0x0000000000000001
-nvmlEventTypeDoubleBitEccError = 0x0000000000000002
-nvmlEventTypePState = 0x0000000000000004
-nvmlEventTypeXidCriticalError = 0x0000000000000008
-nvmlEventTypeClock = 0x0000000000000010
-nvmlEventTypeNone = 0x0000000000000000
-
-_ERROR_NAMES = {v: k for k, v in globals().items() if k.startswith("NVML_ERROR_")}
-_CONSTANTS = {k: v for k, v in globals().items() if k.startswith(("NVML_", "nvmlEventType"))}
-
-NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event on a whole GPU
-
-
-class NVMLError(Exception):
-    """What every failing call raises; ``value`` is the NVML return code, as in pynvml."""
-
-    def __init__(self, value: int) -> None:
-        self.value = value
-        super().__init__(value)
-
-    def __str__(self) -> str:
-        return _ERROR_NAMES.get(self.value, f"NVML error {self.value}")
-
-
-# --- the value shapes pynvml returns -----------------------------------------------------------
-
-
-@frozen
-class PciInfo:
-    busId: bytes  # noqa: N815 - pynvml's spelling
-    busIdLegacy: bytes  # noqa: N815
-    domain: int
-    bus: int
-    device: int
-    pciDeviceId: int = 0x233010DE  # noqa: N815
-
-
-@frozen
-class MemoryInfo:
-    total: int
-    free: int
-    used: int
-
-
-@frozen
-class EventData:
-    device: Any
-    eventType: int  # noqa: N815
-    eventData: int  # noqa: N815
-    gpuInstanceId: int = NO_INSTANCE  # noqa: N815
-    computeInstanceId: int = NO_INSTANCE  # noqa: N815
-
-
-@frozen(eq=False)
-class Handle:
-    """An opaque device handle; one per GPU, compared by identity like a C pointer."""
-
-    index: int
-
-    def __repr__(self) -> str:
-        return f"<fake nvmlDevice_t {self.index}>"
-
-
-def nvml_bus_id(bus_id: str) -> bytes:
-    """``0000:3b:00.0`` -> ``b"00000000:3B:00.0"`` (NVML's spelling: 8-digit domain, upper case)."""
-    domain, bus, rest = bus_id.split(":")
-    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}".encode()
-
-
-def _pci_info(bus_id: str) -> PciInfo:
-    domain, bus, rest = bus_id.split(":")
-    dev = rest.split(".")[0]
-    return PciInfo(
-        busId=nvml_bus_id(bus_id),
-        busIdLegacy=nvml_bus_id(bus_id)[4:],
-        domain=int(domain, 16),
-        bus=int(bus, 16),
-        device=int(dev, 16),
-    )
-
-
-@define
-class FakeGpu:
-    """One GPU of the fake machine.
-
-    ``nvlinks`` lists, per NVLink of this GPU, the PCI bus ID at the other end (another GPU, or an
-    NVSwitch); ``down_links`` are link indices reported inactive. ``mig_mode`` None means the GPU
-    does not support MIG (NOT_SUPPORTED, as on pre-Ampere GPUs).
-    """
-
-    uuid: str
-    name: str = "NVIDIA H100 80GB HBM3"
-    memory_total: int = 80 * 1024**3
-    pci_bus_id: str = "0000:00:00.0"
-    minor: int = 0
-    numa_node: int | None = None
-    nvlinks: tuple[str, ...] = field(default=(), converter=tuple)
-    down_links: frozenset[int] = field(default=frozenset(), converter=frozenset)
-    mig_mode: int | None = NVML_DEVICE_MIG_DISABLE
-    supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeSingleBitEccError
+from . import nvml_machines as machines
+from .nvml_machines import FakeGpu, Machine, TopologyFn
+from .nvml_values import *  # noqa: F403 - pynvml's constants and shapes, under pynvml's names
+from .nvml_values import (
+    CONSTANTS,
+    EventData,
+    Handle,
+    MemoryInfo,
+    NVMLError,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_ERROR_UNKNOWN,
+    NVML_FEATURE_DISABLED,
+    NVML_FEATURE_ENABLED,
+    NVML_NVLINK_DEVICE_TYPE_GPU,
+    NVML_NVLINK_DEVICE_TYPE_SWITCH,
+    NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+    NVML_NVLINK_MAX_LINKS,
+    NVML_TOPOLOGY_INTERNAL,
+    NVML_TOPOLOGY_NODE,
+    NVML_TOPOLOGY_SYSTEM,
+    PciInfo,
+    nvmlEventTypeXidCriticalError,
+    nvml_bus_id,
+    pci_info,
+)
 
 
 class _EventSet:
@@ -181,9 +67,6 @@ class _EventSet:
 
     def __repr__(self) -> str:
         return f"<fake nvmlEventSet_t {id(self):#x}>"
-
-
-TopologyFn = Callable[[int, int], int]
 
 
 class FakeNvml:
@@ -200,7 +83,7 @@ class FakeNvml:
         driver_version: str = "550.54.15",
         switches: Iterable[str] = (),
     ) -> None:
-        for name, value in _CONSTANTS.items():
+        for name, value in CONSTANTS.items():
             setattr(self, name, value)
         self.gpus = list(gpus)
         self.switches = frozenset(switches)  # bus IDs of NVSwitches that links may end on
@@ -292,92 +175,26 @@ class FakeNvml:
         for name in control:
             (dev / name).touch()
 
-    # --- fixtures ---------------------------------------------------------------------------
+    # --- fixtures (cdiplug.testing.nvml_machines) ---------------------------------------------
 
     @classmethod
     def nvswitch8(cls, name: str = "NVIDIA H100 80GB HBM3") -> FakeNvml:
-        """8 GPUs, all-to-all over 4 NVSwitches (18 links each, as on an HGX H100 board).
-
-        PCIe: pairs (0,1) (2,3) (4,5) (6,7) share a switch, 0-3 sit on NUMA node 0 and 4-7 on node
-        1 behind one host bridge each. NVLink scores tie for every pair, so PCIe and NUMA decide.
-        """
-        switches = [f"0000:{0x10 + s:02x}:00.0" for s in range(4)]
-        buses = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB]
-        gpus = [
-            FakeGpu(
-                uuid=f"GPU-5a1c0000-0000-4000-8000-00000000000{i}",
-                name=name,
-                pci_bus_id=f"0000:{bus:02x}:00.0",
-                minor=i,
-                numa_node=0 if i < 4 else 1,
-                # links spread over the switches: 5, 5, 4, 4 (18 in all)
-                nvlinks=[switches[link % 4] for link in range(18)],
-            )
-            for i, bus in enumerate(buses)
-        ]
-
-        def level(a: int, b: int) -> int:
-            if a // 2 == b // 2:
-                return NVML_TOPOLOGY_SINGLE
-            if a // 4 == b // 4:
-                return NVML_TOPOLOGY_NODE
-            return NVML_TOPOLOGY_SYSTEM
-
-        return cls(gpus, level, switches=switches)
+        """8 GPUs all-to-all over 4 NVSwitches (see :func:`~cdiplug.testing.nvml_machines.nvswitch8`)."""
+        return cls._of(machines.nvswitch8(name))
 
     @classmethod
     def nvlink_pairs(cls, name: str = "NVIDIA A100 80GB PCIe") -> FakeNvml:
-        """2 sockets x 4 PCIe GPUs; NVLink bridges (4 links each) join pairs (0,1) (2,3) (4,5) (6,7).
-
-        PCIe switches hold (0,2) (1,3) (4,6) (5,7), so the best PCIe neighbour is not the NVLink
-        partner; a set of 4 must take both bridges of one socket.
-        """
-        buses = [0x17, 0x31, 0x4B, 0x65, 0x98, 0xB1, 0xCA, 0xE3]
-        addr = [f"0000:{b:02x}:00.0" for b in buses]
-        partner = {i: i ^ 1 for i in range(8)}
-        gpus = [
-            FakeGpu(
-                uuid=f"GPU-a100a100-0000-4000-8000-00000000000{i}",
-                name=name,
-                pci_bus_id=addr[i],
-                minor=i,
-                numa_node=0 if i < 4 else 1,
-                nvlinks=[addr[partner[i]]] * 4,
-                mig_mode=NVML_DEVICE_MIG_DISABLE,
-            )
-            for i in range(8)
-        ]
-
-        def level(a: int, b: int) -> int:
-            if a // 4 != b // 4:
-                return NVML_TOPOLOGY_SYSTEM
-            if a % 4 in (0, 2) and b % 4 in (0, 2) or a % 4 in (1, 3) and b % 4 in (1, 3):
-                return NVML_TOPOLOGY_SINGLE
-            return NVML_TOPOLOGY_HOSTBRIDGE
-
-        return cls(gpus, level)
+        """2 sockets x 4 GPUs, NVLink bridges in pairs (see :func:`~cdiplug.testing.nvml_machines.nvlink_pairs`)."""
+        return cls._of(machines.nvlink_pairs(name))
 
     @classmethod
     def pcie_box(cls, name: str = "NVIDIA A10") -> FakeNvml:
-        """4 PCIe GPUs, no NVLink: (0,1) under one switch on NUMA 0, (2,3) under one on NUMA 1."""
-        buses = [0x3B, 0x3C, 0x86, 0x87]
-        gpus = [
-            FakeGpu(
-                uuid=f"GPU-a10a10a1-0000-4000-8000-00000000000{i}",
-                name=name,
-                memory_total=24 * 1024**3,
-                pci_bus_id=f"0000:{b:02x}:00.0",
-                minor=i,
-                numa_node=i // 2,
-                mig_mode=None,
-            )
-            for i, b in enumerate(buses)
-        ]
+        """4 PCIe GPUs, no NVLink (see :func:`~cdiplug.testing.nvml_machines.pcie_box`)."""
+        return cls._of(machines.pcie_box(name))
 
-        def level(a: int, b: int) -> int:
-            return NVML_TOPOLOGY_SINGLE if a // 2 == b // 2 else NVML_TOPOLOGY_SYSTEM
-
-        return cls(gpus, level)
+    @classmethod
+    def _of(cls, machine: Machine) -> FakeNvml:
+        return cls(machine.gpus, machine.topology, switches=machine.switches)
 
     # --- internals --------------------------------------------------------------------------
 
@@ -470,7 +287,7 @@ class FakeNvml:
         return MemoryInfo(total=gpu.memory_total, free=gpu.memory_total - used, used=used)
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo:  # noqa: N802
-        return _pci_info(self._gpu("nvmlDeviceGetPciInfo", handle).pci_bus_id)
+        return pci_info(self._gpu("nvmlDeviceGetPciInfo", handle).pci_bus_id)
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
         gpu = self._gpu("nvmlDeviceGetMigMode", handle)
@@ -495,7 +312,7 @@ class FakeNvml:
         gpu = self._gpu("nvmlDeviceGetNvLinkRemotePciInfo", device)
         if not 0 <= link < len(gpu.nvlinks):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return _pci_info(gpu.nvlinks[link])
+        return pci_info(gpu.nvlinks[link])
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:  # noqa: N802
         gpu = self._gpu("nvmlDeviceGetNvLinkRemoteDeviceType", handle)
