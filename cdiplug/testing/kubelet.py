@@ -21,6 +21,10 @@ Raw calls (``allocate``, ``preferred_allocation``, ``pre_start``) send exactly w
 and raise ``grpc.aio.AioRpcError`` with the plugin's status. :meth:`~KubeletStandIn.wait_until`
 wakes on every change, never polls. Use as ``async with KubeletStandIn(folder) as kubelet:`` in one
 event loop; the folder and the plugin's socket name must fit a unix socket path (107 bytes).
+
+This module keeps the state and serves kubelet.sock. The frozen values it hands out are in
+``kubelet_records``, the kubelet's pure rules in ``kubelet_rules`` and the connection to one plugin
+in ``kubelet_plugin``; their public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -28,26 +32,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import enum
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import attrs
 import grpc
-from attrs import field, frozen
 
 from ..api import deviceplugin_v1beta1_pb2 as pb
 from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from ..errors import CdiplugError
-from ..model import ContainerAllocation, Device, DeviceNode, Health, Mount
+from ..model import ContainerAllocation, Device, Health
+from .kubelet_plugin import PluginConnection, describe_error, dial, listed_devices
+from .kubelet_records import ContainerResult, Event, PodPhase, PodResult, Registration
+from .kubelet_records import PluginOptions  # noqa: F401 - re-exported
+from .kubelet_rules import API_VERSION, is_extended_resource_name  # noqa: F401 - re-exported
+from .kubelet_rules import pick_devices, register_problem
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 # The kubelet keeps its checkpoint when it cleans the folder; nothing else survives.
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
@@ -57,150 +62,6 @@ T = TypeVar("T")
 
 class StandInError(CdiplugError):
     """The stand-in was used wrongly, or the resource asked for is not registered."""
-
-
-class PodPhase(str, enum.Enum):
-    RUNNING = "Running"
-    PENDING = "Pending"
-    FAILED = "Failed"
-
-
-@frozen
-class PluginOptions:
-    """What a plugin said it can do (GetDevicePluginOptions, or the options sent with Register)."""
-
-    pre_start_required: bool = False
-    get_preferred_allocation_available: bool = False
-
-
-@frozen
-class Registration:
-    """One accepted Register call. Times (``time.monotonic()``): ``received_at`` the call arrived,
-    ``connected_at`` the plugin was dialed and answered GetDevicePluginOptions (Register then
-    returns), ``listed_at`` its first ListAndWatch list arrived (None until then)."""
-
-    resource: str
-    endpoint: str
-    version: str
-    options: PluginOptions  # from GetDevicePluginOptions, which the kubelet trusts
-    register_options: PluginOptions  # as sent in the RegisterRequest
-    received_at: float
-    connected_at: float
-    listed_at: float | None = None
-
-
-@frozen
-class Event:
-    """Something the stand-in saw (``registered``, ``rejected``, ``devices``, ``disconnected``, ...)."""
-
-    at: float
-    kind: str
-    resource: str = ""
-    detail: str = ""
-
-
-@frozen
-class ContainerResult:
-    """What one container got: the plugin's answer per resource, in request order."""
-
-    name: str
-    allocations: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), converter=tuple)
-
-    @property
-    def env(self) -> Mapping[str, str]:
-        """Every env var the container got, later resources winning (as the kubelet merges them)."""
-        return {k: v for _, a in self.allocations for k, v in a.env}
-
-
-@frozen
-class PodResult:
-    """What happened to a pod: Running with its devices, Pending (reason ``Insufficient <resource>``)
-    or Failed (``UnexpectedAdmissionError``, with the plugin's gRPC status in ``code``)."""
-
-    name: str
-    phase: PodPhase
-    reason: str = ""
-    message: str = ""
-    containers: tuple[ContainerResult, ...] = field(default=(), converter=tuple)
-    code: str | None = None  # grpc.StatusCode name when a plugin call failed
-
-    @property
-    def admitted(self) -> bool:
-        return self.phase is PodPhase.RUNNING
-
-    def device_ids(self, resource: str | None = None) -> tuple[str, ...]:
-        """The devices of ``resource`` (or of all resources) over all containers, in answer order."""
-        return tuple(
-            i for c in self.containers for r, a in c.allocations if resource in (None, r) for i in a.device_ids
-        )
-
-    @property
-    def env(self) -> Mapping[str, str]:
-        return {k: v for c in self.containers for k, v in c.env.items()}
-
-    def _all(self, name: str) -> tuple[Any, ...]:
-        return tuple(x for c in self.containers for _, a in c.allocations for x in getattr(a, name))
-
-    cdi_devices = property(lambda self: self._all("cdi_devices"), doc="CDI names over all containers")
-    device_specs = property(lambda self: self._all("device_specs"), doc="DeviceNodes over all containers")
-    mounts = property(lambda self: self._all("mounts"), doc="Mounts over all containers")
-    annotations = property(lambda self: dict(self._all("annotations")), doc="annotations, merged")
-
-
-# --- the kubelet's checks on RegisterRequest -------------------------------------------------
-
-# Used with fullmatch: Go's "$" is the very end; Python's would also match before a final newline.
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """``IsExtendedResourceName`` of Kubernetes' ``pkg/apis/core/v1/helper``, rule for rule; kept
-    apart from ``cdiplug.resource_names`` on purpose, so tests through the stand-in can catch a
-    mistake there."""
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    parts = ("requests." + name).split("/")  # IsQualifiedName of the quota form
-    if len(parts) != 2:
-        return False
-    prefix, rest = parts
-    if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
-        return False
-    return 0 < len(rest) <= 63 and bool(_QUALIFIED_NAME.fullmatch(rest))
-
-
-def _options(message: pb.DevicePluginOptions) -> PluginOptions:
-    return PluginOptions(message.pre_start_required, message.get_preferred_allocation_available)
-
-
-def _allocation(ids: Sequence[str], response: pb.ContainerAllocateResponse) -> ContainerAllocation:
-    """A ContainerAllocateResponse as the project's value object (the kubelet's side of the edge)."""
-    return ContainerAllocation(
-        device_ids=tuple(ids),
-        env=sorted(response.envs.items()),
-        device_specs=[DeviceNode(d.container_path, d.host_path or None, d.permissions) for d in response.devices],
-        mounts=[Mount(m.host_path, m.container_path, m.read_only) for m in response.mounts],
-        cdi_devices=tuple(c.name for c in response.cdi_devices),
-        annotations=sorted(response.annotations.items()),
-    )
-
-
-class _Endpoint:
-    """The connection to one registered plugin: channel, stub, options, ListAndWatch task."""
-
-    def __init__(self, registration: Registration, channel: grpc.aio.Channel, stub: pb_grpc.DevicePluginStub) -> None:
-        self.registration = registration
-        self.channel = channel
-        self.stub = stub
-        self.task: asyncio.Task[None] | None = None
-        self.updates = 0
-
-    async def close(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        await self.channel.close(grace=None)
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -224,7 +85,7 @@ class KubeletStandIn:
         self.call_timeout = call_timeout
         self.started_at: float | None = None  # monotonic time kubelet.sock was last served
         self._server: grpc.aio.Server | None = None
-        self._endpoints: dict[str, _Endpoint] = {}
+        self._endpoints: dict[str, PluginConnection] = {}
         self._devices: dict[str, dict[str, Device]] = {}
         self._pods: dict[str, PodResult] = {}
         self._registrations: list[Registration] = []
@@ -299,19 +160,14 @@ class KubeletStandIn:
     async def _register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
         received_at = time.monotonic()
         resource = request.resource_name
-        problem = None
-        if request.version != API_VERSION:
-            problem = f"requested API version {request.version!r} is not supported by kubelet. Supported version is {[API_VERSION]!r}"
-        elif not is_extended_resource_name(resource):
-            problem = f"the ResourceName {resource!r} is invalid"
-        elif not request.endpoint or "/" in request.endpoint or request.endpoint in (".", ".."):
-            # The kubelet joins it to its folder unchecked; a plugin sending a path is a bug.
-            problem = f"endpoint {request.endpoint!r} must be a socket file name in {self.kubelet_dir}"
+        problem = register_problem(request.version, resource, request.endpoint, self.kubelet_dir)
         if problem is None:
             try:
-                endpoint = await self._connect(request, received_at)
+                endpoint = await dial(
+                    self.kubelet_dir, request, received_at, self.dial_timeout, self.call_timeout
+                )
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
-                problem = f"failed to dial device plugin: {_describe(exc)}"
+                problem = f"failed to dial device plugin: {describe_error(exc)}"
         if problem is not None:
             self._record("rejected", resource, problem)
             await context.abort(grpc.StatusCode.UNKNOWN, problem)
@@ -325,52 +181,28 @@ class KubeletStandIn:
         self._record("registered", resource, request.endpoint)
         return pb.Empty()
 
-    async def _connect(self, request: pb.RegisterRequest, received_at: float) -> _Endpoint:
-        path = self.kubelet_dir / request.endpoint
-        channel = grpc.aio.insecure_channel(f"unix:{path}", options=[("grpc.default_authority", "localhost")])
-        try:
-            await asyncio.wait_for(channel.channel_ready(), self.dial_timeout)
-            stub = pb_grpc.DevicePluginStub(channel)
-            options = await stub.GetDevicePluginOptions(pb.Empty(), timeout=self.call_timeout)
-        except BaseException:
-            await channel.close(grace=None)
-            raise
-        registration = Registration(
-            request.resource_name, request.endpoint, request.version, _options(options), _options(request.options),
-            received_at=received_at, connected_at=time.monotonic(),
-        )
-        return _Endpoint(registration, channel, stub)
-
-    async def _list_and_watch(self, endpoint: _Endpoint) -> None:
+    async def _list_and_watch(self, endpoint: PluginConnection) -> None:
         resource = endpoint.registration.resource
         reason = "stream ended"
         try:
             async for response in endpoint.stub.ListAndWatch(pb.Empty()):
                 if self._endpoints.get(resource) is not endpoint:
                     return
-                self._devices[resource] = {
-                    d.ID: Device(
-                        id=d.ID,
-                        # The kubelet counts anything but "Healthy" as unhealthy.
-                        health=Health.HEALTHY if d.health == Health.HEALTHY.value else Health.UNHEALTHY,
-                        numa_nodes=[n.ID for n in d.topology.nodes] if d.HasField("topology") else (),
-                    )
-                    for d in response.devices
-                }
+                self._devices[resource] = listed_devices(response)
                 endpoint.updates += 1
                 if endpoint.registration.listed_at is None:
                     self._set_registration(endpoint, attrs.evolve(endpoint.registration, listed_at=time.monotonic()))
                 healthy = sum(d.healthy for d in self._devices[resource].values())
                 self._record("devices", resource, f"{len(response.devices)} devices, {healthy} healthy")
         except grpc.aio.AioRpcError as exc:
-            reason = _describe(exc)
+            reason = describe_error(exc)
         if self._endpoints.get(resource) is endpoint:
             # As the kubelet: the plugin is gone, so are its devices (until it registers again).
             for device_id, device in list(self._devices.get(resource, {}).items()):
                 self._devices[resource][device_id] = attrs.evolve(device, health=Health.UNHEALTHY)
             self._record("disconnected", resource, reason)
 
-    def _set_registration(self, endpoint: _Endpoint, registration: Registration) -> None:
+    def _set_registration(self, endpoint: PluginConnection, registration: Registration) -> None:
         index = next(i for i, r in enumerate(self._registrations) if r is endpoint.registration)
         self._registrations[index] = endpoint.registration = registration
 
@@ -525,12 +357,10 @@ class KubeletStandIn:
         """The device manager's choice: the plugin's preference (within ``available``) first, then
         the remaining devices in ID order."""
         registration = self.registration(resource)
-        chosen: list[str] = []
+        preferred: Sequence[str] = ()
         if registration is not None and registration.options.get_preferred_allocation_available:
             preferred = await self.preferred_allocation(resource, available, (), count)
-            chosen = [i for i in dict.fromkeys(preferred) if i in available][:count]
-        chosen += [i for i in available if i not in chosen][: count - len(chosen)]
-        return chosen
+        return pick_devices(available, preferred, count)
 
     async def _allocate_container(self, resource: str, ids: list[str]) -> ContainerAllocation:
         answers = await self.allocate(resource, ids)
@@ -550,37 +380,31 @@ class KubeletStandIn:
 
     # --- raw calls ----------------------------------------------------------------------------
 
-    def _stub(self, resource: str) -> pb_grpc.DevicePluginStub:
+    def _connection(self, resource: str) -> PluginConnection:
         endpoint = self._endpoints.get(resource)
         if endpoint is None:
             known = ", ".join(sorted(self._endpoints)) or "none"
             raise StandInError(f"{resource} is not registered with the kubelet stand-in (registered: {known})")
-        return endpoint.stub
+        return endpoint
 
     async def allocate(self, resource: str, *containers: Sequence[str]) -> tuple[ContainerAllocation, ...]:
         """Send one Allocate call with one ContainerAllocateRequest per argument, exactly as given
         (``allocate(r, [])`` sends one empty request, ``allocate(r)`` none). Raises AioRpcError."""
-        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers])
-        response = await self._stub(resource).Allocate(request, timeout=self.call_timeout)
-        ids = [*containers, *[()] * len(response.container_responses)]  # more answers than asks: no IDs
-        return tuple(_allocation(ids[i], r) for i, r in enumerate(response.container_responses))
+        return await self._connection(resource).allocate(containers, self.call_timeout)
 
     async def preferred_allocation(
         self, resource: str, available: Iterable[str], must_include: Iterable[str] = (), size: int = 1
     ) -> tuple[str, ...]:
         """One GetPreferredAllocation container request; the plugin's answer. Raises AioRpcError."""
-        one = pb.ContainerPreferredAllocationRequest(
-            available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
-        )
-        request = pb.PreferredAllocationRequest(container_requests=[one])
-        response = await self._stub(resource).GetPreferredAllocation(request, timeout=self.call_timeout)
-        if len(response.container_responses) != 1:
-            raise StandInError(f"{resource}: {len(response.container_responses)} preferred-allocation answers for 1 request")
-        return tuple(response.container_responses[0].deviceIDs)
+        connection = self._connection(resource)
+        answers = await connection.preferred_allocation(available, must_include, size, self.call_timeout)
+        if len(answers) != 1:
+            raise StandInError(f"{resource}: {len(answers)} preferred-allocation answers for 1 request")
+        return answers[0]
 
     async def pre_start(self, resource: str, ids: Sequence[str]) -> None:
         """One PreStartContainer call. Raises AioRpcError."""
-        await self._stub(resource).PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=self.call_timeout)
+        await self._connection(resource).pre_start(ids, self.call_timeout)
 
     # --- bookkeeping --------------------------------------------------------------------------
 
@@ -591,8 +415,3 @@ class KubeletStandIn:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
