@@ -124,6 +124,10 @@ build_initramfs() {
 # for m in $(cat /modules.order); do insmod /lib/modules/$m.ko || echo "insmod $m failed"; done
 # mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /host || echo "FAIL: 9p mount"
 # for d in tmp run; do mount -t tmpfs -o mode=1777 $d /host/$d; done
+# # A checkout under /tmp or /run is hidden by those tmpfs: mount its own share at the same path.
+# if [ ! -e "/host$CDIPLUG_REPO/hack/vm-vfio-test.sh" ]; then
+#   mkdir -p "/host$CDIPLUG_REPO" && mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 cdiplugsrc "/host$CDIPLUG_REPO" || echo "FAIL: 9p mount of the checkout"
+# fi
 # mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs dev /host/dev
 # echo "guest: kernel $(uname -r), booted in $(cut -d' ' -f1 /proc/uptime) s"
 # chroot /host /bin/bash "$CDIPLUG_REPO/hack/vm-vfio-test.sh" --guest
@@ -155,6 +159,7 @@ host_main() {
     -kernel "$vm/vmlinuz-$KVER" -initrd "$vm/initramfs-$KVER.cpio.gz" \
     -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=3 CDIPLUG_REPO=$ROOT CDIPLUG_PYTHON=$python" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$ROOT,mount_tag=cdiplugsrc,security_model=none,readonly=on,multidevs=remap" \
     -device edu -device e1000e,romfile= -nic none \
     -display none -nographic -no-reboot </dev/null 2>&1 | tee "$log"
   local qemu_rc=${PIPESTATUS[0]}
