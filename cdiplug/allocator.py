@@ -41,7 +41,7 @@ from .cdi.annotations import annotations as cdi_annotations
 from .cdi.names import device_name, qualified_name
 from .config import ResourceConfig
 from .errors import CdiplugError, InvalidRequest, PreparationError
-from .model import AllocatePart, ContainerAllocation, Device, DeviceNode, DeviceSnapshot, Mount, PreferredRequest
+from .model import AllocatePart, ContainerAllocation, ContainerEdits, Device, DeviceSnapshot, PreferredRequest
 from .preferred import Affinity, preferred_allocation
 from .replicas import expand
 
@@ -273,28 +273,12 @@ class Allocator:
     # -- the answer --------------------------------------------------------------------------
 
     def _answer(self, snapshot: DeviceSnapshot, ids: Sequence[str], devices: list[Device]) -> ContainerAllocation:
-        common = snapshot.common_edits
+        edits = ContainerEdits.combine([snapshot.common_edits, *(d.edits for d in devices)])
         env: dict[str, str] = {}
         if self._send_env:
-            env.update(common.env)
-            for d in devices:
-                env.update(d.edits.env)
+            env.update(edits.env)
             if snapshot.ids_env:
                 env[snapshot.ids_env] = ",".join(d.id for d in devices)
-        specs: tuple[DeviceNode, ...] = ()
-        if self._send_specs:
-            nodes: dict[str, DeviceNode] = {n.path: n for n in common.device_nodes}
-            for d in devices:
-                for n in d.edits.device_nodes:
-                    nodes.setdefault(n.path, n)
-            specs = tuple(nodes.values())
-        mounts: tuple[Mount, ...] = ()
-        if self._send_mounts:
-            by_path: dict[str, Mount] = {m.container_path: m for m in common.mounts}
-            for d in devices:
-                for m in d.edits.mounts:
-                    by_path.setdefault(m.container_path, m)
-            mounts = tuple(by_path.values())
         cdi_devices: tuple[str, ...] = ()
         annotations: dict[str, str] = {}
         if self._send_cdi or self._send_annotations:
@@ -306,8 +290,8 @@ class Allocator:
         return ContainerAllocation(
             device_ids=ids,
             env=env,
-            device_specs=specs,
-            mounts=mounts,
+            device_specs=edits.device_nodes if self._send_specs else (),
+            mounts=edits.mounts if self._send_mounts else (),
             cdi_devices=cdi_devices,
             annotations=annotations,
         )

@@ -104,16 +104,34 @@ class ContainerEdits:
 
     def merge(self, other: ContainerEdits) -> ContainerEdits:
         """Both edits together; later env wins, duplicates (same node, same mount) are kept once."""
-        return ContainerEdits(
-            env=dict([*self.env, *other.env]),
-            device_nodes=_unique(self.device_nodes + other.device_nodes, key=lambda n: n.path),
-            mounts=_unique(self.mounts + other.mounts, key=lambda m: m.container_path),
-            hooks=_unique(self.hooks + other.hooks, key=lambda h: h),
-            additional_gids=tuple(dict.fromkeys(self.additional_gids + other.additional_gids)),
+        return ContainerEdits.combine((self, other))
+
+    @classmethod
+    def combine(cls, edits: Iterable[ContainerEdits]) -> ContainerEdits:
+        """All of ``edits`` together in one pass, as repeated :meth:`merge` would give them.
+
+        Later env wins; of device nodes with the same path, mounts with the same container path,
+        equal hooks and equal groups the first is kept.
+        """
+        edits = tuple(edits)
+        return cls(
+            env=dict(kv for e in edits for kv in e.env),
+            device_nodes=_unique((n for e in edits for n in e.device_nodes), key=_node_path),
+            mounts=_unique((m for e in edits for m in e.mounts), key=_container_path),
+            hooks=tuple(dict.fromkeys(h for e in edits for h in e.hooks)),
+            additional_gids=tuple(dict.fromkeys(g for e in edits for g in e.additional_gids)),
         )
 
 
-def _unique(items: tuple[Any, ...], key: Any) -> tuple[Any, ...]:
+def _node_path(node: DeviceNode) -> str:
+    return node.path
+
+
+def _container_path(mount: Mount) -> str:
+    return mount.container_path
+
+
+def _unique(items: Iterable[Any], key: Any) -> tuple[Any, ...]:
     seen: dict[Any, Any] = {}
     for item in items:
         seen.setdefault(key(item), item)

@@ -90,6 +90,18 @@ def test_merge_later_env_wins_and_duplicates_kept_once():
     assert m.hooks == (hook,) and m.additional_gids == (10, 11, 12)
 
 
+def test_combine_is_merge_repeated_in_one_pass():
+    a = ContainerEdits(env={"A": "1"}, device_nodes=[DeviceNode("/dev/x")], additional_gids=[5])
+    b = ContainerEdits(env={"A": "2"}, device_nodes=[DeviceNode("/dev/x", permissions="r"), DeviceNode("/dev/y")])
+    c = ContainerEdits(env={"B": "3"}, mounts=[Mount("/h", "/c"), Mount("/h2", "/c")], additional_gids=[5, 6])
+    combined = ContainerEdits.combine([a, b, c])
+    assert combined == a.merge(b).merge(c)
+    assert dict(combined.env) == {"A": "2", "B": "3"}
+    assert [(n.path, n.permissions) for n in combined.device_nodes] == [("/dev/x", "rw"), ("/dev/y", "rw")]
+    assert [m.host_path for m in combined.mounts] == ["/h"] and combined.additional_gids == (5, 6)
+    assert ContainerEdits.combine([]) == ContainerEdits()
+
+
 def test_snapshot_sorts_indexes_and_refuses_duplicates():
     s = DeviceSnapshot("example.com/fpga", [Device("b"), Device("a", health=Health.UNHEALTHY), Device("c")])
     assert s.ids == ("a", "b", "c")
