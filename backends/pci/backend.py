@@ -294,15 +294,24 @@ class PciBackend:
             for group, members in sorted(by_group.items()):
                 async with self._group_lock(group):
                     if not force and not group.startswith("noiommu:"):
-                        # /proc/<pid>/fd links name the node as processes see it: /dev/vfio/<group>.
-                        node = group_node(group, state.topology)
-                        holders = await asyncio.to_thread(self._any_safety().open_by, Path(node))
-                        if holders:
-                            raise FunctionInUse(members[0], f"{node} is open by {', '.join(holders)}")
+                        await self._refuse_open_group(group, members[0], state.topology)
                     results.append(await asyncio.to_thread(self.binder.restore_group, group, members))
         finally:
             await self._rescan_quietly()
         return results
+
+    async def _refuse_open_group(self, group: str, address: str, topology: PciTopology) -> None:
+        """FunctionInUse when a process holds the group's node, or (iommufd) the cdev of any
+        function of the group: a VMM using iommufd never opens the group node."""
+        # /proc/<pid>/fd links name the nodes as processes see them: /dev/vfio/...
+        nodes = [group_node(group, topology)]
+        for member in topology.group_members(group):
+            fn = topology.functions[member]
+            if fn.vfio_dev is not None:
+                nodes.append(f"/dev/vfio/devices/{fn.vfio_dev}")
+        held = await asyncio.to_thread(self._any_safety().holders, [Path(n) for n in nodes])
+        if held:
+            raise FunctionInUse(address, "; ".join(f"{node} is open by {', '.join(pids)}" for node, pids in sorted(held.items())))
 
     async def _rescan_quietly(self) -> None:
         """Rescan after a change; a failing scan must not hide the outcome of that change."""

@@ -10,9 +10,10 @@ Before a bind (unless the resource says ``force``):
   holders (device-mapper, md);
 - a function on the resource's denylist.
 
-Before giving a function back to its driver: no process holds its ``/dev/vfio/<group>`` open
-(read from ``<proc>/*/fd``), since unbinding a device in use blocks in the kernel until it is
-let go. Netlink failures count as "cannot tell", which refuses rather than guesses.
+Before giving a function back to its driver: no process holds its group's ``/dev/vfio/<group>``
+or the iommufd ``/dev/vfio/devices/vfioN`` of a function of the group open (read from
+``<proc>/*/fd``; a VMM using iommufd opens only the latter), since unbinding a device in use
+blocks in the kernel until it is let go. Netlink failures count as "cannot tell", which refuses rather than guesses.
 """
 
 from __future__ import annotations
@@ -198,24 +199,38 @@ class SafetyChecker:
 
     def open_by(self, node: Path) -> list[str]:
         """``pid (comm)`` of every process holding ``node`` open. Blocking."""
-        target = str(node)
-        holders = []
+        return self.holders([node]).get(str(node), [])
+
+    def holders(self, nodes: Iterable[Path]) -> dict[str, list[str]]:
+        """Node -> ``pid (comm)`` of every process holding it open, for the nodes anyone holds.
+
+        One walk over ``<proc>/*/fd`` however many nodes are asked about. Blocking.
+        """
+        targets = {str(n) for n in nodes}
+        found: dict[str, list[str]] = {}
         try:
             pids = [p for p in os.listdir(self.proc_root) if p.isdigit()]
         except OSError:
-            return holders
+            return found
         for pid in pids:
             fd_dir = self.proc_root / pid / "fd"
             try:
                 fds = os.listdir(fd_dir)
             except OSError:
                 continue
+            held = set()
             for fd in fds:
                 try:
-                    if os.readlink(fd_dir / fd) == target:
-                        comm = (self.proc_root / pid / "comm").read_text().strip()
-                        holders.append(f"{pid} ({comm})")
-                        break
+                    target = os.readlink(fd_dir / fd)
                 except OSError:
                     continue
-        return holders
+                if target in targets:
+                    held.add(target)
+            if held:
+                try:
+                    comm = (self.proc_root / pid / "comm").read_text().strip()
+                except OSError:
+                    comm = "?"  # it exited meanwhile; it held the node a moment ago
+                for target in sorted(held):
+                    found.setdefault(target, []).append(f"{pid} ({comm})")
+        return found

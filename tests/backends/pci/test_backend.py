@@ -2,7 +2,7 @@
 kernel: first snapshots, journal recovery at start, rescans on pyudev-like events (a fake monitor
 read through loop.add_reader) and on the fallback timer, prepare (whole group, safety refusals,
 force, concurrency: a repeated or concurrent prepare binds once, groups locked across resources),
-restore (refused while the node is open), and status."""
+restore (refused while the group node or an iommufd cdev is open), and status."""
 
 from __future__ import annotations
 
@@ -186,6 +186,28 @@ async def test_restore_refuses_an_open_group_node(world: World, tree: SysfsTree,
         assert result.restored == (("0000:3b:02.0", "iavf"),)
         snap = await sink.until("example.com/nic-vfio", lambda s: s.get("0000:3b:02.0").attribute("driver") == "iavf")
         assert snap.get("0000:3b:02.0").attribute("original_driver") is None
+
+
+async def test_restore_refuses_an_open_iommufd_device_node(world: World, tree: SysfsTree, tmp_path: Path) -> None:
+    """A VMM on iommufd holds /dev/vfio/devices/vfioN and never the group node."""
+    tree.enable_vfio(iommufd=True)
+    add_nic_with_vfs(tree, vfs=1)
+    kernel = FakeSysfsKernel(tree, iommufd=True)
+    proc = tmp_path / "proc"
+    (proc / "4242" / "fd").mkdir(parents=True)
+    (proc / "4242" / "comm").write_text("qemu-kvm\n")
+    spec = ("example.com/nic-vfio", {**VFIO_VF[1], "proc_root": str(proc)})
+    backend = make_backend(world, [spec], writer=kernel)
+    async with running(backend) as sink:
+        await backend.prepare("example.com/nic-vfio", sink.latest["example.com/nic-vfio"].devices)
+        (cdev,) = [n.path for n in sink.latest["example.com/nic-vfio"].get("0000:3b:02.0").edits.device_nodes if "devices" in n.path]
+        (proc / "4242" / "fd" / "9").symlink_to(cdev)
+        with pytest.raises(DeviceInUse, match=rf"{cdev} is open by 4242 \(qemu-kvm\)"):
+            await backend.restore(["0000:3b:02.0"])
+        assert tree.driver_of("0000:3b:02.0") == "vfio-pci"
+        (proc / "4242" / "fd" / "9").unlink()
+        (result,) = await backend.restore(["0000:3b:02.0"])
+        assert result.restored == (("0000:3b:02.0", "iavf"),)
 
 
 async def test_bind_unbind_and_status_by_address(world: World, tree: SysfsTree, kernel) -> None:
