@@ -36,7 +36,8 @@ from .resource_names import extended_resource_problem
 PATCH_CONTENT_TYPE = "application/json-patch+json"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RBAC_HINT = "it needs 'patch' on the 'nodes/status' resource; see deploy/rbac-node-capacity.yaml"
-_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Used with fullmatch: with match, "$" would also accept a name that ends in a newline.
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class NodeCapacityError(CdiplugError):
@@ -226,7 +227,7 @@ def capacity_path(resource: str) -> str:
 
 
 def check_node_name(node: str) -> None:
-    if len(node) > 253 or not _NODE_NAME.match(node):
+    if len(node) > 253 or not _NODE_NAME.fullmatch(node):
         raise CapacityUsageError(f"node name {node!r} is not a DNS-1123 subdomain (lower case, digits, '-', '.')")
 
 
@@ -303,7 +304,7 @@ class NodeCapacity:
             raise NodeCapacityError(self._explain(exc, where, verb)) from exc
         except urllib.error.URLError as exc:
             raise NodeCapacityError(f"cannot reach the API server for {where}: {exc.reason}") from exc
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:  # ssl.SSLError and socket timeouts among them
             raise NodeCapacityError(f"cannot talk to the API server for {where}: {exc}") from exc
         try:
             capacity = json.loads(body)["status"]["capacity"]

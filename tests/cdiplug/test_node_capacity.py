@@ -231,6 +231,7 @@ def test_unreachable_server() -> None:
         (["set", "worker-1", "example.com/dongle"], "expected NAME=COUNT"),
         (["set", "worker-1", "example.com/d=1", "example.com/d=2"], "named twice"),
         (["set", "Worker_1", "example.com/d=1"], "not a DNS-1123 subdomain"),
+        (["set", "worker-1\n", "example.com/d=1"], "not a DNS-1123 subdomain"),
         (["remove", "worker-1", "kubernetes.io/d"], "reserved for native resources"),
     ],
 )
