@@ -16,13 +16,14 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
 import cattrs
 from attrs import NOTHING, field, fields, frozen
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from .. import model
 from ..errors import CdiError
-from .names import check_kind, device_name, device_name_problem
+from .names import check_kind, device_name
 
 
 def _pairs(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -254,10 +255,7 @@ def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
     devices: list[Device] = []
     owners: dict[str, str] = {}
     for d in snapshot.devices:
-        name = device_name(d.id)
-        problem = device_name_problem(name)
-        if problem:  # device_name() always yields a valid name; this guards future changes to it
-            raise CdiError(f"resource {snapshot.resource}: device {d.id!r}: {problem}")
+        name = device_name(d.id)  # always a valid name; check_spec below checks it again
         if name in owners:
             raise CdiError(
                 f"resource {snapshot.resource}: devices {owners[name]!r} and {d.id!r} both map to CDI name {name!r}"
@@ -270,13 +268,7 @@ def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
             )
         devices.append(Device(name=name, container_edits=edits))
     draft = Spec(cdi_version="", kind=kind, devices=devices, container_edits=container_edits(snapshot.common_edits))
-    spec = Spec(
-        cdi_version=minimal_version(draft),
-        kind=kind,
-        devices=draft.devices,
-        container_edits=draft.container_edits,
-        annotations=draft.annotations,
-    )
+    spec = attrs.evolve(draft, cdi_version=minimal_version(draft))
     # Never hand out a spec a runtime would refuse (an env var without a name, a bad node type
     # from a backend): check it as strictly as `cdiplug cdi validate` would.
     from .validate import check_spec
