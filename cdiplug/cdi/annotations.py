@@ -20,7 +20,12 @@ from .names import qualified_name_problem
 PREFIX = "cdi.k8s.io/"
 MAX_NAME_LENGTH = 63
 _HASH_LENGTH = 10
-_VALID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_VALID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+
+
+def is_valid_name(name: str) -> bool:
+    """The name part of an annotation key (after any ``prefix/``) by the 63-character rules."""
+    return len(name) <= MAX_NAME_LENGTH and _VALID.fullmatch(name) is not None
 
 
 def key_name(plugin_name: str, device_id: str) -> str:
@@ -31,7 +36,7 @@ def key_name(plugin_name: str, device_id: str) -> str:
         raise CdiNameError("CDI annotation: the device ID is empty")
     # The reference library maps '/' to '_'; a name valid after that is used unchanged.
     name = f"{plugin_name}_{device_id.replace('/', '_')}"
-    if len(name) <= MAX_NAME_LENGTH and _VALID.fullmatch(name):
+    if is_valid_name(name):
         return name
     digest = hashlib.sha256(f"{plugin_name}\0{device_id}".encode()).hexdigest()[:_HASH_LENGTH]
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", name)

@@ -31,6 +31,7 @@ from attrs import frozen
 from ..errors import CdiError
 from . import spec as cdispec
 from . import version as cdiversion
+from .annotations import is_valid_name
 from .names import device_name_problem, kind_problem
 
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
@@ -77,7 +78,6 @@ _REQUIRED: dict[type, tuple[str, ...]] = {
 for _cls, _table in _FIELDS.items():  # the tables must follow the model's JSON keys exactly
     assert set(_table) == set(cdispec.json_keys(_cls)), _cls
 
-_ANNOTATION_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -250,7 +250,7 @@ class _Checker:
         for key, value in annotations.items():
             total += len(key) + len(value)
             prefix, sep, name = key.rpartition("/")
-            if not _ANNOTATION_NAME.fullmatch(name) or len(name) > 63:
+            if not is_valid_name(name):
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the name part must be 1-63 letters, digits, '-', '_', '.', starting and ending with a letter or digit")
             if sep and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the prefix must be a lower-case DNS subdomain")

@@ -73,6 +73,10 @@ CASES = [
     ("hook env", bad("devices.1.containerEdits.hooks.0.env", ["X"]), "$.devices[1].containerEdits.hooks[0].env[0]", "NAME=value"),
     ("closID", {**bad("containerEdits.intelRdt", {"closID": "a/b"}), "cdiVersion": "0.7.0"}, "$.containerEdits.intelRdt.closID", "not a valid file name"),
     ("annotation key", {**bad("annotations", {"bad key!": "x"}), "cdiVersion": "0.6.0"}, "$.annotations.bad key!", "annotation key"),
+    ("annotation name over 63", {**bad("annotations", {"cdi.k8s.io/" + "a" * 64: "x"}), "cdiVersion": "0.6.0"},
+     "$.annotations.cdi.k8s.io/" + "a" * 64, "1-63 letters"),
+    ("annotation prefix", {**bad("devices.0.annotations", {"Cdi.io/a": "x"}), "cdiVersion": "0.6.0"},
+     "$.devices[0].annotations.Cdi.io/a", "DNS subdomain"),
 ]
 
 
