@@ -128,8 +128,5 @@ def _read_specs(folder: Path) -> Iterator[tuple[Path, list[str] | str]]:
             yield path, "not a CDI spec (no kind or no devices)"
             continue
         qualified = [f"{kind}={d.get('name')}" for d in devices if isinstance(d, dict)]
-        bad = [q for q in qualified if qualified_name_problem(q)]
-        if bad:
-            yield path, qualified_name_problem(bad[0]) or ""
-            continue
-        yield path, qualified
+        problem = next(filter(None, map(qualified_name_problem, qualified)), None)
+        yield path, problem or qualified

@@ -81,4 +81,8 @@ def test_list_includes_specs_of_others(tmp_path: Path) -> None:
     broken = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path))
     assert broken.returncode == 1 and "broken.json" in broken.stderr
     assert len(broken.stdout.split()) == 3
+    (tmp_path / "broken.json").write_text(json.dumps({"cdiVersion": "0.3.0", "kind": "vendor.com/xx", "devices": [{"name": "a/b"}]}))
+    bad_name = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path))
+    assert bad_name.returncode == 1 and "broken.json: CDI device name 'a/b'" in bad_name.stderr
+    assert len(bad_name.stdout.split()) == 3
     assert cdiplug("cdi", "list", "--cdi-dir", str(tmp_path / "missing")).returncode == 0
