@@ -26,26 +26,37 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import cattrs
 from attrs import field, frozen
+from cattrs.v import format_exception
 
 from cdiplug.atomic import fsync_dir, write_atomic
 from cdiplug.errors import BackendError
 
-from .sysfs import check_address, is_address
+from .sysfs import check_address, check_driver, is_address
 
 log = logging.getLogger(__name__)
 
 STATE_FILE_MODE = 0o600  # the journal is ours alone
+
+T = TypeVar("T")
 
 _GROUP_KEY = re.compile(r"^([0-9]+|noiommu:[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$")
 
 
 class JournalError(BackendError):
     """The state folder could not be read or written."""
+
+
+def check_group_key(group: str) -> str:
+    """An IOMMU group number, or ``noiommu:<address>`` for a function that has none yet."""
+    if not _GROUP_KEY.match(group):
+        raise ValueError(f"not an IOMMU group key: {group!r}")
+    return group
 
 
 class Op(str, enum.Enum):
@@ -66,20 +77,30 @@ class Step(str, enum.Enum):
     REBIND = "rebind"  # restore: bind the original driver (or probe)
 
 
+def _checked(check: Callable[[str], str]) -> Callable[[object, object, str | None], None]:
+    """An attrs validator from a ``check_*`` function: what the state files hold becomes paths."""
+
+    def validate(_instance: object, _attribute: object, value: str | None) -> None:
+        if value is not None:
+            check(value)
+
+    return validate
+
+
 @frozen
 class PlannedFunction:
-    address: str
-    original_driver: str | None = None
+    address: str = field(validator=_checked(check_address))
+    original_driver: str | None = field(default=None, validator=_checked(check_driver))
     netdevs: tuple[str, ...] = field(default=(), converter=tuple)
 
 
 @frozen
 class JournalEntry:
     op: Op
-    group: str
+    group: str = field(validator=_checked(check_group_key))
     functions: tuple[PlannedFunction, ...] = field(converter=tuple)
     step: Step = Step.RECORD
-    function: str | None = None
+    function: str | None = field(default=None, validator=_checked(check_address))
     resource: str | None = None
     started_at: float = 0.0
 
@@ -90,9 +111,9 @@ class JournalEntry:
 
 @frozen
 class BoundRecord:
-    address: str
-    group: str
-    original_driver: str | None = None
+    address: str = field(validator=_checked(check_address))
+    group: str = field(validator=_checked(check_group_key))
+    original_driver: str | None = field(default=None, validator=_checked(check_driver))
     netdevs: tuple[str, ...] = field(default=(), converter=tuple)
     resource: str | None = None
     bound_at: float = 0.0
@@ -101,11 +122,9 @@ class BoundRecord:
 _conv = cattrs.Converter(forbid_extra_keys=False)
 
 
-def check_group_key(group: str) -> str:
-    """An IOMMU group number, or ``noiommu:<address>`` for a function that has none yet."""
-    if not _GROUP_KEY.match(group):
-        raise ValueError(f"not an IOMMU group key: {group!r}")
-    return group
+def _why(exc: BaseException, _type: object) -> str:
+    """What cattrs found wrong at one place of a state file: the check's own words."""
+    return str(exc) if isinstance(exc, ValueError) else format_exception(exc, _type)  # type: ignore[arg-type]
 
 
 def _file_name(group: str) -> str:
@@ -131,12 +150,8 @@ class Journal:
     # -- the journal -------------------------------------------------------------------------------
 
     def write(self, entry: JournalEntry) -> None:
-        self.ensure()
-        data = json.dumps(_conv.unstructure(entry), indent=1, sort_keys=True).encode()
-        try:
-            write_atomic(self.journal_dir / f"{_file_name(entry.group)}.json", data, STATE_FILE_MODE)
-        except OSError as exc:
-            raise JournalError(f"cannot write the journal for IOMMU group {entry.group}: {exc.strerror}") from exc
+        path = self.journal_dir / f"{_file_name(entry.group)}.json"
+        self._store(path, entry, f"the journal for IOMMU group {entry.group}")
 
     def done(self, group: str) -> None:
         path = self.journal_dir / f"{_file_name(group)}.json"
@@ -157,12 +172,26 @@ class Journal:
                 return []
         entries = []
         for path in paths:
-            entry = self._load(path, JournalEntry)
+            entry = self._load(path, JournalEntry, lambda e: _file_name(e.group))
             if entry is not None:
                 entries.append(entry)
         return sorted(entries, key=lambda e: e.started_at)
 
-    def _load(self, path: Path, cls: type) -> object | None:
+    def _store(self, path: Path, value: JournalEntry | BoundRecord, what: str) -> None:
+        self.ensure()
+        data = json.dumps(_conv.unstructure(value), indent=1, sort_keys=True).encode()
+        try:
+            write_atomic(path, data, STATE_FILE_MODE)
+        except OSError as exc:
+            raise JournalError(f"cannot write {what}: {exc.strerror}") from exc
+
+    def _load(self, path: Path, cls: type[T], stem: Callable[[T], str]) -> T | None:
+        """The value in ``path``; None when there is none or it is unusable (then moved aside).
+
+        ``stem`` gives the file name the value belongs under: a file naming another group or
+        function (an entry for group 7 in ``5.json``) would be acted on under the wrong lock or
+        restore a function cdiplug never bound, so it counts as unusable too.
+        """
         try:
             text = path.read_text()
         except FileNotFoundError:
@@ -171,28 +200,25 @@ class Journal:
             raise JournalError(f"cannot read {path}: {exc.strerror}") from exc
         try:
             value = _conv.structure(json.loads(text), cls)
+            if f"{stem(value)}.json" != path.name:
+                raise ValueError(f"it belongs in {stem(value)}.json")
         except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
-            # A file we cannot understand must not stop the daemon for good: keep it for people
-            # to look at, under a name we never read again.
+            # A file we cannot understand (the validators check every address, group and driver
+            # name, as they become sysfs and state paths) must not stop the daemon for good: keep
+            # it for people to look at, under a name we never read again.
             aside = path.with_name(path.name + f".corrupt-{int(time.time())}")
-            log.error("state file %s is unreadable (%s); moved aside to %s", path, exc, aside.name)
+            why = "; ".join(cattrs.transform_error(exc, format_exception=_why)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
+            log.error("state file %s is unreadable (%s); moved aside to %s", path, why, aside.name)
             with contextlib.suppress(OSError):
                 path.rename(aside)
             return None
-        check = getattr(value, "group", None)
-        if check is not None:
-            check_group_key(check)
         return value
 
     # -- bound functions ---------------------------------------------------------------------------
 
     def record_bound(self, record: BoundRecord) -> None:
-        self.ensure()
-        data = json.dumps(_conv.unstructure(record), indent=1, sort_keys=True).encode()
-        try:
-            write_atomic(self.bound_dir / f"{check_address(record.address)}.json", data, STATE_FILE_MODE)
-        except OSError as exc:
-            raise JournalError(f"cannot record the original driver of {record.address}: {exc.strerror}") from exc
+        path = self.bound_dir / f"{check_address(record.address)}.json"
+        self._store(path, record, f"the original driver of {record.address}")
 
     def forget_bound(self, address: str) -> None:
         try:
@@ -201,8 +227,7 @@ class Journal:
             raise JournalError(f"cannot remove the record of {address}: {exc.strerror}") from exc
 
     def bound(self, address: str) -> BoundRecord | None:
-        value = self._load(self.bound_dir / f"{check_address(address)}.json", BoundRecord)
-        return value if isinstance(value, BoundRecord) else None
+        return self._load(self.bound_dir / f"{check_address(address)}.json", BoundRecord, lambda r: r.address)
 
     def all_bound(self) -> Mapping[str, BoundRecord]:
         try:
@@ -216,7 +241,7 @@ class Journal:
             if name.endswith(".json") and is_address(name[:-5]):
                 record = self.bound(name[:-5])
                 if record is not None:
-                    found[record.address] = record
+                    found[name[:-5]] = record
         return found
 
     # -- locks -------------------------------------------------------------------------------------

@@ -226,6 +226,28 @@ def test_corrupt_state_file_is_moved_aside(world: World, caplog) -> None:
     assert "unreadable" in caplog.text and not (journal.journal_dir / "40.json").exists()
 
 
+def test_state_files_naming_bad_paths_or_other_functions_are_moved_aside(world: World, caplog) -> None:
+    """What a state file names becomes sysfs paths and locks: anything odd is never acted on."""
+    journal = Journal(world.state_dir)
+    journal.ensure()
+    good = {"op": "bind", "group": "40", "functions": [{"address": VF, "original_driver": "iavf"}]}
+    for name, data in (
+        ("40.json", {**good, "group": "../../x"}),
+        ("41.json", {**good, "group": "40"}),  # group 40's entry under group 41's lock
+        ("42.json", {**good, "group": "42", "functions": [{"address": "../../../etc"}]}),
+        ("43.json", {**good, "group": "43", "functions": [{"address": VF, "original_driver": "../iavf"}]}),
+    ):
+        (journal.journal_dir / name).write_text(json.dumps(data))
+    other = "0000:3b:02.1"
+    (journal.bound_dir / f"{VF}.json").write_text(json.dumps({"address": other, "group": "41"}))
+    assert journal.pending() == [] and journal.bound(VF) is None and journal.all_bound() == {}
+    left = sorted(p.name for p in [*journal.journal_dir.iterdir(), *journal.bound_dir.iterdir()])
+    assert sorted(n.split(".corrupt-")[0] for n in left) == sorted(["40.json", "41.json", "42.json", "43.json", f"{VF}.json"])
+    assert all(".corrupt-" in n for n in left)
+    assert "belongs in 40.json" in caplog.text and f"belongs in {other}.json" in caplog.text
+    assert "not an IOMMU group key: '../../x'" in caplog.text and "not a driver name: '../iavf'" in caplog.text
+
+
 def test_group_keys_never_leave_the_folder(world: World) -> None:
     journal = Journal(world.state_dir)
     for bad in ("../x", "7/../../etc", "noiommu:../../x"):
