@@ -41,7 +41,14 @@ from .cdi.annotations import annotations as cdi_annotations
 from .cdi.names import device_name, qualified_name
 from .config import ResourceConfig
 from .errors import CdiplugError, InvalidRequest, PreparationError
-from .model import AllocatePart, ContainerAllocation, ContainerEdits, Device, DeviceSnapshot, PreferredRequest
+from .model import (
+    AllocatePart,
+    ContainerAllocation,
+    ContainerEdits,
+    Device,
+    DeviceSnapshot,
+    PreferredRequest,
+)
 from .preferred import Affinity, preferred_allocation
 from .replicas import expand
 

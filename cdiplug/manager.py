@@ -3,10 +3,8 @@
 It runs one backend per plugin (all the resources naming that plugin share it) and, per resource,
 an :class:`~cdiplug.allocator.Allocator` and a :class:`~cdiplug.server.ResourceServer`:
 
-- **snapshots**: a backend's snapshot is diffed with the last one (unchanged: nothing happens);
-  a new one goes to the allocator, then its CDI spec is written (in a thread; a failure is logged,
-  Allocate tries again and fails clearly), then the advertised list is published to ListAndWatch.
-  Each resource has one updater task; a burst of snapshots coalesces into the newest.
+- **snapshots**: a backend's snapshots go to the resource they name, whose updater task
+  (:mod:`cdiplug.served_resource`) writes its CDI spec and publishes it to ListAndWatch.
 - **start**: stale CDI specs are removed, servers serve, and only then is Register sent (one task
   per resource, waiting for the kubelet as long as it takes).
 - **kubelet restarts** (:mod:`cdiplug.kubelet_watch`): servers whose socket was removed serve
@@ -16,7 +14,8 @@ an :class:`~cdiplug.allocator.Allocator` and a :class:`~cdiplug.server.ResourceS
   stay keep running and keep their streams.
 
 The boundary: the manager decides what runs when; protobuf lives in ``cdiplug.server``, the
-Register call in ``cdiplug.registration``, task guarding in ``cdiplug.supervisor``.
+Register call in ``cdiplug.registration``, task guarding in ``cdiplug.supervisor``, one
+resource's snapshot pipeline in ``cdiplug.served_resource``.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from .errors import CdiError, CdiplugError
 from .kubelet_watch import KubeletEvent, KubeletWatch
 from .model import DeviceSnapshot
 from .registration import Registration, register
+from .served_resource import ServedResource
 from .server import ResourceServer
 from .supervisor import Supervisor
 from .world import World
@@ -42,13 +42,6 @@ if TYPE_CHECKING:
     from .metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-
-def _same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
-    """Whether the CDI spec of ``new`` equals that of ``old`` (it holds IDs and edits, not health)."""
-    if old is None or old.common_edits != new.common_edits or len(old.devices) != len(new.devices):
-        return False
-    return all(a.id == b.id and a.edits == b.edits for a, b in zip(old.devices, new.devices))
 
 
 class _NoMetrics:
@@ -89,32 +82,6 @@ class _BackendRun:
         return f"backend:{self.plugin}"
 
 
-class _Resource:
-    """One resource's moving parts."""
-
-    def __init__(self, config: ResourceConfig, allocator: Allocator, server: ResourceServer) -> None:
-        self.config = config
-        self.allocator = allocator
-        self.server = server
-        self.pending: DeviceSnapshot | None = None
-        self.applied: DeviceSnapshot | None = None
-        self.wake = asyncio.Event()
-        self.registrations = 0
-        self.log = logging.LoggerAdapter(log, {"resource": config.name})
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def updater_task(self) -> str:
-        return f"update:{self.name}"
-
-    @property
-    def register_task(self) -> str:
-        return f"register:{self.name}"
-
-
 class Manager:
     """Runs every resource of a :class:`Config`; ``start()``, ``reload(config)``, ``stop()``.
 
@@ -141,7 +108,7 @@ class Manager:
         self.cdi = cdi if cdi is not None else SpecWriter(world.cdi_dir)
         self.register_timeout = register_timeout
         self._backends: dict[str, _BackendRun] = {}
-        self._resources: dict[str, _Resource] = {}
+        self._resources: dict[str, ServedResource] = {}
         self._watch: KubeletWatch | None = None
         self._lock = asyncio.Lock()  # start, reload, restart handling and stop, one at a time
         self._stopped = False
@@ -149,7 +116,7 @@ class Manager:
     # -- introspection (tests, the daemon) --
 
     @property
-    def resources(self) -> Mapping[str, _Resource]:
+    def resources(self) -> Mapping[str, ServedResource]:
         return dict(self._resources)
 
     def server(self, resource: str) -> ResourceServer:
@@ -178,7 +145,7 @@ class Manager:
                     self._resources[rc.name] = self._new_resource(rc, run.abilities)
             await asyncio.gather(*(r.server.start() for r in self._resources.values()))
             for res in self._resources.values():
-                self.supervisor.spawn(res.updater_task, self._updater(res))
+                self.supervisor.spawn(res.updater_task, res.run_updates())
             for run in runs:
                 self._start_backend(run)
             for res in self._resources.values():
@@ -203,7 +170,7 @@ class Manager:
             self._backends.clear()
             self._resources.clear()
 
-    async def _stop_resource(self, res: _Resource) -> None:
+    async def _stop_resource(self, res: ServedResource) -> None:
         await self.supervisor.cancel(res.register_task, res.updater_task)
         await res.server.stop()
         self.metrics.set_ready(res.name, False)
@@ -235,10 +202,10 @@ class Manager:
     def _new_allocator(self, rc: ResourceConfig, abilities: Abilities) -> Allocator:
         return Allocator(rc, abilities, self.cdi, self.metrics if not isinstance(self.metrics, _NoMetrics) else None)
 
-    def _new_resource(self, rc: ResourceConfig, abilities: Abilities) -> _Resource:
+    def _new_resource(self, rc: ResourceConfig, abilities: Abilities) -> ServedResource:
         allocator = self._new_allocator(rc, abilities)
         server = ResourceServer(rc.name, rc.socket_name, self.world.kubelet_dir, allocator)
-        return _Resource(rc, allocator, server)
+        return ServedResource(rc, allocator, server, self.cdi, self.metrics)
 
     def _ensure_kubelet_dir(self) -> None:
         """The kubelet creates its folder; we may be first (a node booting): create it then."""
@@ -254,49 +221,8 @@ class Manager:
 
     def _offer(self, snapshot: DeviceSnapshot) -> None:
         res = self._resources.get(snapshot.resource)
-        if res is None:
-            return
-        # The allocator hears at once, so an Allocate that made the backend report (binding a
-        # function, say) answers from the news; the updater then writes the spec and publishes.
-        res.allocator.update(snapshot)
-        res.pending = snapshot
-        res.wake.set()
-
-    async def _updater(self, res: _Resource) -> None:
-        while True:
-            await res.wake.wait()
-            res.wake.clear()
-            snapshot, res.pending = res.pending, None
-            if snapshot is None or snapshot == res.applied:
-                continue
-            await self._apply(res, snapshot)
-
-    async def _apply(self, res: _Resource, snapshot: DeviceSnapshot) -> None:
-        previous, res.applied = res.applied, snapshot
-        res.allocator.update(snapshot)
-        if _same_spec(previous, snapshot):
-            # Health or topology only: the spec stays as it is, so the kubelet hears first.
-            self._publish(res)
-            await self._write_spec(res, snapshot)
-        else:
-            # New devices or edits: their spec is on disk before the kubelet can pick them.
-            await self._write_spec(res, snapshot)
-            self._publish(res)
-
-    async def _write_spec(self, res: _Resource, snapshot: DeviceSnapshot) -> None:
-        try:
-            if await asyncio.to_thread(self.cdi.write, res.config.cdi_kind, snapshot):
-                res.log.info("wrote CDI spec %s", self.cdi.path_for(res.config.cdi_kind))
-        except CdiError as exc:
-            # Not fatal: Allocate writes it again and fails with this error if it still cannot.
-            res.log.error("cannot write the CDI spec: %s", exc)
-
-    def _publish(self, res: _Resource) -> None:
-        advertised = res.allocator.advertised
-        res.server.publish(advertised)
-        healthy = advertised.healthy_count()
-        self.metrics.devices(res.name, healthy, len(advertised.devices) - healthy)
-        res.log.debug("%d devices advertised, %d healthy", len(advertised.devices), healthy)
+        if res is not None:
+            res.offer(snapshot)
 
     async def _remove_stale_specs(self, config: Config) -> None:
         try:
@@ -309,10 +235,10 @@ class Manager:
 
     # -- registration --
 
-    def _spawn_register(self, res: _Resource) -> None:
+    def _spawn_register(self, res: ServedResource) -> None:
         self.supervisor.spawn(res.register_task, self._register(res))
 
-    async def _register(self, res: _Resource) -> None:
+    async def _register(self, res: ServedResource) -> None:
         registration = Registration(
             resource_name=res.name,
             endpoint=res.server.socket_name,
@@ -323,10 +249,10 @@ class Manager:
         self.metrics.registered(res.name, again=res.registrations > 0)
         res.registrations += 1
 
-    async def _reregister(self, resources: Iterable[_Resource], reserve: bool = False) -> None:
+    async def _reregister(self, resources: Iterable[ServedResource], reserve: bool = False) -> None:
         """Register again: pending tries are dropped, old streams end first (re-serving if asked)."""
 
-        async def one(res: _Resource) -> None:
+        async def one(res: ServedResource) -> None:
             await self.supervisor.cancel(res.register_task)
             self.metrics.set_ready(res.name, False)
             if reserve:
@@ -390,15 +316,15 @@ class Manager:
 
             self.config = config
             self.metrics.configure(new_names)
-            added: list[_Resource] = []
-            tell_kubelet: list[_Resource] = []
+            added: list[ServedResource] = []
+            tell_kubelet: list[ServedResource] = []
             for run in runs:
                 for rc in run.resources:
                     res = self._resources.get(rc.name)
                     if res is None:
                         res = self._resources[rc.name] = self._new_resource(rc, run.abilities)
                         added.append(res)
-                    elif self._replace_allocator(res, rc, run.abilities):
+                    elif res.replace_allocator(rc, self._new_allocator(rc, run.abilities)):
                         tell_kubelet.append(res)
             # The kubelet learns a plugin's options only at Register: tell it again.
             await self._reregister(tell_kubelet)
@@ -412,28 +338,10 @@ class Manager:
                     del self._resources[res.name]
                     added.remove(res)
             for res in added:
-                self.supervisor.spawn(res.updater_task, self._updater(res))
+                self.supervisor.spawn(res.updater_task, res.run_updates())
                 self._spawn_register(res)
                 log.info("serving %s (added to the configuration)", res.name)
             for run in runs:
                 self._start_backend(run)
                 log.info("started backend %s for %s", run.plugin, ", ".join(r.name for r in run.resources))
             await self._remove_stale_specs(config)
-
-    def _replace_allocator(self, res: _Resource, rc: ResourceConfig, abilities: Abilities) -> bool:
-        """A resource that stays gets an allocator for its new config and backend; streams stay.
-
-        True when its plugin options changed, so that the kubelet must be told again."""
-        old_options = res.server.pre_start_required
-        res.config = rc
-        res.allocator = self._new_allocator(rc, abilities)
-        if res.applied is not None:
-            # Until the new backend reports, answer from what the old one said; then re-apply it
-            # under the new config (replicas, CDI kind), published only if the list changed.
-            res.allocator.update(res.applied)
-            if res.pending is None:
-                res.pending = res.applied
-            res.applied = None
-            res.wake.set()
-        res.server.allocator = res.allocator
-        return res.server.pre_start_required != old_options

@@ -1,0 +1,137 @@
+"""One served resource's snapshot pipeline (cdiplug.served_resource): coalescing, order, reload.
+
+Runs the real Allocator, the real CDI SpecWriter in a temporary folder (wrapped to record what the
+server had published when each write came) and a real ResourceServer that is not started (publish
+only stores the list for ListAndWatch); metrics are a recorder. The updater runs as a real task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from cdiplug.allocator import Allocator
+from cdiplug.backend import Abilities
+from cdiplug.cdi.writer import SpecWriter
+from cdiplug.config import ResourceConfig
+from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.served_resource import ServedResource, same_spec
+from cdiplug.server import ResourceServer
+from cdiplug.world import World
+
+RESOURCE = "example.com/fpga"
+
+
+def snapshot(*ids: str, unhealthy: tuple[str, ...] = ()) -> DeviceSnapshot:
+    return DeviceSnapshot(
+        RESOURCE,
+        [
+            Device(i, health=Health.UNHEALTHY if i in unhealthy else Health.HEALTHY, edits=ContainerEdits(device_nodes=[DeviceNode(f"/dev/{i}")]))
+            for i in ids
+        ],
+    )
+
+
+class RecordingWriter(SpecWriter):
+    """The real writer, noting what the server advertised when each write began."""
+
+    def __init__(self, world: World, server: list[ResourceServer]) -> None:
+        super().__init__(world.cdi_dir)
+        self.server = server
+        self.seen_at_write: list[DeviceSnapshot | None] = []
+
+    def write(self, kind: str, snap: DeviceSnapshot) -> bool:
+        self.seen_at_write.append(self.server[0].advertised)
+        return super().write(kind, snap)
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+        self.calls.append((resource, healthy, unhealthy))
+
+
+def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
+    rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=replicas)
+    allocator = Allocator(rc, Abilities())
+    holder: list[ResourceServer] = []
+    writer = RecordingWriter(world, holder)
+    holder.append(ResourceServer(rc.name, rc.socket_name, world.kubelet_dir, allocator))
+    metrics = RecordingMetrics()
+    return ServedResource(rc, allocator, holder[0], writer, metrics), writer, metrics  # type: ignore[arg-type]
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 2.0) -> None:
+    """Await a condition the updater task brings about (it writes the spec in a thread)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.001)
+
+
+async def taken(res: ServedResource) -> None:
+    """The updater took what was offered (the check for an unchanged snapshot is synchronous)."""
+    await until(lambda: res.pending is None and not res.wake.is_set(), "the updater took the snapshot")
+
+
+def test_same_spec_ignores_health_only():
+    assert same_spec(snapshot("a", "b"), snapshot("a", "b", unhealthy=("b",)))
+    assert not same_spec(None, snapshot("a"))
+    assert not same_spec(snapshot("a"), snapshot("a", "b"))
+    assert not same_spec(snapshot("a"), snapshot("b"))
+    moved = snapshot("a").with_devices([Device("a", edits=ContainerEdits(device_nodes=[DeviceNode("/dev/other")]))])
+    assert not same_spec(snapshot("a"), moved)
+    assert not same_spec(snapshot("a"), attrs.evolve(snapshot("a"), common_edits=ContainerEdits(env={"X": "1"})))
+
+
+async def test_offer_reaches_the_allocator_at_once_and_a_burst_coalesces(world: World):
+    res, writer, metrics = served(world)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    try:
+        res.offer(snapshot("a"))
+        res.offer(snapshot("a", "b"))
+        assert res.allocator.snapshot == snapshot("a", "b")  # before the updater ran
+        await until(lambda: res.server.advertised == snapshot("a", "b"), "published")
+        assert res.applied == snapshot("a", "b")
+        assert len(writer.seen_at_write) == 1 and metrics.calls == [(RESOURCE, 2, 0)]
+        res.offer(snapshot("a", "b"))  # unchanged: nothing happens
+        await taken(res)
+        assert len(writer.seen_at_write) == 1 and len(metrics.calls) == 1
+    finally:
+        task.cancel()
+
+
+async def test_new_devices_are_written_before_publishing_health_after(world: World):
+    res, writer, metrics = served(world)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    try:
+        res.offer(snapshot("a"))
+        await until(lambda: res.server.advertised == snapshot("a"), "published")
+        assert writer.seen_at_write == [None]  # the spec was on disk before the kubelet heard
+        res.offer(snapshot("a", unhealthy=("a",)))
+        await until(lambda: len(writer.seen_at_write) == 2, "written again")
+        assert writer.seen_at_write[1] == snapshot("a", unhealthy=("a",))  # the kubelet heard first
+        assert metrics.calls[-1] == (RESOURCE, 0, 1)
+    finally:
+        task.cancel()
+
+
+async def test_replace_allocator_reapplies_the_last_snapshot_under_the_new_config(world: World):
+    res, _, _ = served(world)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    try:
+        res.offer(snapshot("a"))
+        await until(lambda: res.server.advertised == snapshot("a"), "published")
+        rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=2)
+        new = Allocator(rc, Abilities())
+        assert res.replace_allocator(rc, new) is False  # pre-start did not change
+        assert res.server.allocator is new and new.snapshot == snapshot("a")
+        await until(lambda: res.server.advertised is not None and res.server.advertised.ids == ("a::0", "a::1"), "replicas published")
+    finally:
+        task.cancel()
