@@ -46,9 +46,7 @@ class AllocatedDevices:
         """The held IDs of ``resource`` with replica suffixes (``::<i>``) taken off."""
         return frozenset(underlying(i) for i in self.of(resource))
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, AllocatedDevices) and dict(self.by_resource) == dict(other.by_resource)
-
+    # attrs compares the mapping proxies by content; only the hash needs help (a proxy has none).
     def __hash__(self) -> int:
         return hash(frozenset(self.by_resource.items()))
 

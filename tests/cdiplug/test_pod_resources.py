@@ -30,6 +30,7 @@ async def test_devices_per_resource_over_pods_and_containers(short_tmp: Path) ->
     assert held == AllocatedDevices(
         {"example.com/nic-vfio": {"0000:3b:02.0", "0000:3b:02.1", "0000:3b:02.2"}, "example.com/fpga": {"fpga-0::1", "fpga-0::2"}}
     )
+    assert held != AllocatedDevices() and hash(held) == hash(AllocatedDevices(dict(held.by_resource)))
     with pytest.raises(TypeError):
         held.by_resource["x"] = frozenset()  # type: ignore[index]
 
