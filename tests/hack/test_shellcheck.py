@@ -1,0 +1,28 @@
+"""Every shell script people run (hack/*.sh, .ci/run) is clean under the real shellcheck.
+
+The scripts that need a node, a VM or Docker cannot all run here; shellcheck at least keeps
+quoting, unset variables and typos out of them. CI installs shellcheck, so none is skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), ROOT / ".ci" / "run"])
+
+
+def test_there_are_scripts_to_check() -> None:
+    assert len(SCRIPTS) >= 6
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_script_is_shellcheck_clean(script: Path) -> None:
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed (apt-get install shellcheck)"
+    result = subprocess.run([shellcheck, "--severity=style", "--shell=bash", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
