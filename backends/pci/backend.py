@@ -271,12 +271,16 @@ class PciBackend:
         if need and not options.force:
             denied = {fn.address: e for fn in need if (e := denied_by(options, fn.address)) is not None}
             await self.safety[resource].check_bind(need, denied)
+        await self._bind(group, members, resource, first.address)
+
+    async def _bind(self, group: str, members: Sequence[str], resource: str | None, address: str) -> BindResult:
+        """``bind_group`` in a thread; a state-folder failure is a failed preparation of ``address``."""
         try:
-            await asyncio.to_thread(self.binder.bind_group, group, members, resource)
+            return await asyncio.to_thread(self.binder.bind_group, group, members, resource)
         except PreparationError:
             raise
         except CdiplugError as exc:
-            raise PreparationError(first.address, str(exc)) from exc
+            raise PreparationError(address, str(exc)) from exc
 
     # -- restore -----------------------------------------------------------------------------------
 
@@ -348,12 +352,7 @@ class PciBackend:
             need = [state.topology.functions[a] for a in members if state.topology.functions[a].driver != VFIO_DRIVER]
             if need and not force:
                 await self.default_safety.check_bind(need)
-            try:
-                result = await asyncio.to_thread(self.binder.bind_group, group, members, None)
-            except PreparationError:
-                raise
-            except CdiplugError as exc:
-                raise PreparationError(address, str(exc)) from exc
+            result = await self._bind(group, members, None, address)
         await self.rescan()
         return result
 

@@ -312,11 +312,12 @@ class VfioBinder:
         report = []
         for entry in self.journal.pending(group):
             what = f"{entry.op.value} of IOMMU group {entry.group} interrupted at {entry.step.value} of {entry.function}"
-            present = [p for p in entry.functions if self.sysfs.read_function(p.address) is not None]
+            found = {p.address: fn for p in entry.functions if (fn := self.sysfs.read_function(p.address)) is not None}
+            present = [p for p in entry.functions if p.address in found]
             if entry.op is Op.RESTORE:
                 self._restore_steps(entry, present, known=[self.journal.bound(p.address) is not None for p in present])
                 report.append(f"{what}: finished the restore")
-            elif all(self.sysfs.read_function(p.address).driver == p.original_driver for p in present):  # type: ignore[union-attr]
+            elif all(found[p.address].driver == p.original_driver for p in present):
                 # Nothing was taken off its driver yet: undo the override and the records.
                 for p in present:
                     if self.sysfs.read_driver_override(p.address) == VFIO_DRIVER and p.original_driver != VFIO_DRIVER:
