@@ -21,6 +21,8 @@ if [[ -z $ADDR || $ADDR == -h || $ADDR == --help ]]; then
   sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
+# Checked before it becomes a path under /sys, as cdiplug checks it.
+[[ $ADDR =~ ^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$ ]] || { echo "not a PCI address (DDDD:BB:DD.F, lower-case hex): $ADDR" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || { echo "run as root (binding drivers writes to sysfs)" >&2; exit 2; }
 FN=/sys/bus/pci/devices/$ADDR
 [[ -d $FN ]] || { echo "no PCI function $ADDR in /sys/bus/pci/devices" >&2; exit 2; }
