@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import ssl
 import tempfile
 import urllib.error
@@ -31,13 +30,12 @@ import yaml
 from attrs import field, frozen
 
 from .errors import CdiplugError
-from .resource_names import extended_resource_problem
+from .resource_names import extended_resource_problem, is_dns_subdomain
 
 PATCH_CONTENT_TYPE = "application/json-patch+json"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RBAC_HINT = "it needs 'patch' on the 'nodes/status' resource; see deploy/rbac-node-capacity.yaml"
 # Used with fullmatch: with match, "$" would also accept a name that ends in a newline.
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class NodeCapacityError(CdiplugError):
@@ -227,7 +225,7 @@ def capacity_path(resource: str) -> str:
 
 
 def check_node_name(node: str) -> None:
-    if len(node) > 253 or not _NODE_NAME.fullmatch(node):
+    if not is_dns_subdomain(node):
         raise CapacityUsageError(f"node name {node!r} is not a DNS-1123 subdomain (lower case, digits, '-', '.')")
 
 

@@ -15,6 +15,12 @@ _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
+def is_dns_subdomain(name: str) -> bool:
+    """A DNS-1123 subdomain as Kubernetes checks it (node names, name prefixes): at most 253
+    characters of dot-separated lower-case labels."""
+    return len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+
+
 def extended_resource_problem(name: str) -> str | None:
     """Why the kubelet would refuse ``name`` as an extended resource, or None when it is fine."""
     if "/" not in name:
@@ -27,7 +33,7 @@ def extended_resource_problem(name: str) -> str | None:
         return f"resource name {name!r} is in the kubernetes.io domain, which is reserved for native resources"
     if name.startswith("requests."):
         return f"resource name {name!r} must not start with 'requests.'"
-    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+    if not is_dns_subdomain(prefix):
         return f"resource name {name!r}: prefix {prefix!r} is not a DNS-1123 subdomain (lower case, digits, '-', '.')"
     # The kubelet also checks "requests." + name, whose prefix then is "requests.<prefix>".
     if len("requests." + prefix) > 253:

@@ -20,7 +20,6 @@ Every problem is reported, one :class:`Problem` each, with the file and the JSON
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import yaml
 from attrs import frozen
 
 from ..errors import CdiError
+from ..resource_names import is_dns_subdomain
 from . import spec as cdispec
 from . import version as cdiversion
 from .annotations import is_valid_name
@@ -78,7 +78,6 @@ _REQUIRED: dict[type, tuple[str, ...]] = {
 for _cls, _table in _FIELDS.items():  # the tables must follow the model's JSON keys exactly
     assert set(_table) == set(cdispec.json_keys(_cls)), _cls
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class _Checker:
@@ -252,7 +251,7 @@ class _Checker:
             prefix, sep, name = key.rpartition("/")
             if not is_valid_name(name):
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the name part must be 1-63 letters, digits, '-', '_', '.', starting and ending with a letter or digit")
-            if sep and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+            if sep and not is_dns_subdomain(prefix):
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the prefix must be a lower-case DNS subdomain")
         if total > 256 * 1024:
             self.problem(path, "annotations are larger than 256 KiB in total")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdiplug.resource_names import extended_resource_problem, resource_class, socket_name
+from cdiplug.resource_names import extended_resource_problem, is_dns_subdomain, resource_class, socket_name
 
 GOOD = [
     "example.com/fpga",
@@ -62,3 +62,12 @@ def test_socket_name_and_class():
     assert socket_name("example.com/fpga") == "example.com-fpga.sock"
     assert socket_name("nvidia.com/gpu") == "nvidia.com-gpu.sock"
     assert resource_class("example.com/nic-vfio") == "nic-vfio"
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("worker-1", True), ("a.b-c.d", True), ("Worker", False), ("-a", False), ("a.", False),
+     ("a" * 63 + "." + "b" * 63, True), ("a" * 253, True), ("a" * 254, False), ("node\n", False)],
+)
+def test_dns_subdomain(name: str, ok: bool) -> None:
+    assert is_dns_subdomain(name) is ok
