@@ -2,7 +2,9 @@
 
 :class:`PciBackend` serves every resource configured with ``backend: pci``. ``run``:
 
-1. finishes or rolls back what a crash left half done (``vfio.VfioBinder.recover``),
+1. finishes or rolls back what a crash left half done (``vfio.VfioBinder.recover``; a bind is
+   finished only when the functions still on a host driver pass the bind's safety checks, see
+   :meth:`PciBackend.check_in_use`),
 2. scans sysfs and publishes a snapshot per resource (``discovery``),
 3. rescans on every udev event of a PCI device (add, remove, bind, unbind; ``hotplug``) and
    every ``rescan_interval`` seconds as a fallback (fake trees have no udev); a removed function
@@ -85,7 +87,7 @@ class PciBackend:
         self.options: dict[str, PciOptions] = {r.name: r.options for r in self.resources}
         self.sysfs = PciSysfs(world.sysfs_root)
         self.journal = Journal(world.state_dir)
-        self.binder = VfioBinder(self.sysfs, self.journal, world.dev_root, writer)
+        self.binder = VfioBinder(self.sysfs, self.journal, world.dev_root, writer, check_in_use=self.check_in_use)
         if verify_timeout is not None:
             self.binder.verify_timeout = verify_timeout
         self.safety = {
@@ -272,6 +274,19 @@ class PciBackend:
             denied = {fn.address: e for fn in need if (e := denied_by(options, fn.address)) is not None}
             await self.safety[resource].check_bind(need, denied)
         await self._bind(group, members, resource, first.address)
+
+    def check_in_use(self, resource: str | None, functions: Sequence[PciFunction]) -> None:
+        """The bind's safety checks for journal recovery (blocking: the binder calls it in its
+        thread, under the group's lock). ``resource`` is what the journal entry names: its
+        ``force``, denylist and checker apply; None or a resource no longer configured gets the
+        strictest, the default checker without force. Raises :class:`FunctionInUse`."""
+        options = self.options.get(resource) if resource is not None else None
+        if options is None:
+            asyncio.run(self.default_safety.check_bind(functions))
+        elif not options.force:
+            denied = {fn.address: e for fn in functions if (e := denied_by(options, fn.address)) is not None}
+            # netlink is asynchronous; this thread has no loop of its own, so run one for the check.
+            asyncio.run(self.safety[resource].check_bind(functions, denied))
 
     async def _bind(self, group: str, members: Sequence[str], resource: str | None, address: str) -> BindResult:
         """``bind_group`` in a thread; a state-folder failure is a failed preparation of ``address``."""

@@ -16,8 +16,13 @@ from vfio-pci and binds the recorded original driver (``drivers_probe`` when non
 Each step is journaled before it is taken. :meth:`VfioBinder.recover` deals with what a crash
 left: a bind where every function still has its original driver is rolled back (the override is
 cleared); a bind that already took a function off its driver is finished (a function must never be
-left driverless); a restore is always finished. An error (not a crash) during a bind rolls back
-the functions touched so far and raises :class:`VfioError`.
+left driverless), but only after the functions of the group still on a host driver pass the same
+in-use check a bind gets (``check_in_use``, given by the backend: the journal entry's resource
+picks its ``force``, denylist and checker; no resource means the strictest). Should one be in use,
+the bind is rolled back instead, as a restore (journaled as one, so a crash during it finishes the
+restore): every function back to its recorded original driver. A restore is always finished. An
+error (not a crash) during a bind rolls back the functions touched so far and raises
+:class:`VfioError`.
 
 Everything here blocks (sysfs writes, fsync, ``flock``): the backend calls it through
 ``asyncio.to_thread``. Writes go through a writer object (``write(path, value)``), the real one
@@ -39,7 +44,7 @@ from typing import Protocol
 
 from attrs import evolve, frozen
 
-from cdiplug.errors import PreparationError
+from cdiplug.errors import DeviceInUse, PreparationError
 
 from .journal import BoundRecord, Journal, JournalEntry, Op, PlannedFunction, Step
 from .sysfs import PciFunction, PciSysfs
@@ -53,6 +58,11 @@ VERIFY_TIMEOUT = 5.0
 
 class VfioError(PreparationError):
     """Binding or restoring a function failed; ``device`` names it, ``reason`` says why."""
+
+
+InUseCheck = Callable[[str | None, Sequence[PciFunction]], None]
+"""``check(resource, functions)``: raise :class:`~cdiplug.errors.DeviceInUse` when one of the
+functions must not be bound (``resource`` is the journal entry's, None when it named none). Blocking."""
 
 
 class SysfsWriter(Protocol):
@@ -98,6 +108,7 @@ class VfioBinder:
         pause_after: str | None = None,
         verify_timeout: float = VERIFY_TIMEOUT,
         clock: Callable[[], float] = time.time,
+        check_in_use: InUseCheck | None = None,
     ) -> None:
         self.sysfs = sysfs
         self.journal = journal
@@ -106,6 +117,9 @@ class VfioBinder:
         self.pause_after = pause_after if pause_after is not None else os.environ.get(PAUSE_ENV) or None
         self.verify_timeout = verify_timeout
         self.clock = clock
+        # Without a check, recovery cannot tell whether a function is free, so it never finishes
+        # a bind that would take one more function off its host driver.
+        self.check_in_use = check_in_use
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -308,6 +322,20 @@ class VfioBinder:
                 report.extend(self._recover_group(entry.group))
         return report
 
+    def _in_use(self, entry: JournalEntry, functions: Sequence[PciFunction]) -> DeviceInUse | None:
+        """Why finishing ``entry`` would bind a function in use: those still on a host driver
+        get the bind's in-use check. None when nothing is on a host driver or all are free."""
+        on_host = [fn for fn in functions if fn.driver not in (None, VFIO_DRIVER)]
+        if not on_host:
+            return None
+        if self.check_in_use is None:
+            return DeviceInUse(on_host[0].address, f"still on {on_host[0].driver}, and no in-use check was given")
+        try:
+            self.check_in_use(entry.resource, on_host)
+        except DeviceInUse as exc:
+            return exc
+        return None
+
     def _recover_group(self, group: str) -> list[str]:
         report = []
         for entry in self.journal.pending(group):
@@ -324,6 +352,11 @@ class VfioBinder:
                         self._write(p.address, self.sysfs.function_dir(p.address) / "driver_override", "\n", "clearing driver_override")
                     self.journal.forget_bound(p.address)
                 report.append(f"{what}: rolled back (no function had left its driver)")
+            elif (busy := self._in_use(entry, [found[p.address] for p in present])) is not None:
+                # Finishing would take a function the host is using off its driver: put the
+                # group back as it was instead, journaled as a restore so a crash here finishes it.
+                self._restore_steps(evolve(entry, op=Op.RESTORE), present, known=[True] * len(present))
+                report.append(f"{what}: rolled back rather than bind {busy.device}: {busy.reason}")
             else:
                 self._bind_steps(entry, present)
                 if present:

@@ -1,5 +1,6 @@
 """The PCI backend on the event loop (backends.pci.backend) over fake sysfs trees with the fake
-kernel: first snapshots, journal recovery at start, rescans on pyudev-like events (a fake monitor
+kernel: first snapshots, journal recovery at start (a half-done bind is finished only when what is
+left of it passes the safety checks, else rolled back), rescans on pyudev-like events (a fake monitor
 read through loop.add_reader) and on the fallback timer, prepare (whole group, safety refusals,
 force, concurrency: a repeated or concurrent prepare binds once, groups locked across resources),
 restore (refused while the group node or an iommufd cdev is open), and status."""
@@ -46,6 +47,45 @@ async def test_recovery_at_start_finishes_a_half_done_bind(world: World, tree: S
         d = sink.latest["example.com/nic-vfio"].get("0000:3b:02.0")
         assert d.attribute("driver") == "vfio-pci" and d.attribute("original_driver") == "iavf"
     assert "finished the bind" in caplog.text
+
+
+NVME0, NVME1 = "0000:5e:00.0", "0000:5e:00.1"
+
+
+@pytest.mark.parametrize(
+    ("mounted", "force", "outcome"),
+    [(False, False, "finished"), (True, False, "rolled back"), (True, True, "finished")],
+)
+async def test_recovery_at_start_checks_what_is_left_of_a_half_done_bind(
+    world: World, tree: SysfsTree, kernel, tmp_path: Path, caplog, mounted, force, outcome
+) -> None:
+    """Two disks in one group; the crash leaves the second still on nvme. Mounted by the time the
+    daemon starts again, it must not be taken off its driver (unless the resource says force)."""
+    for address, disk, dev in ((NVME0, "nvme0n1", "259:0"), (NVME1, "nvme1n1", "259:1")):
+        tree.add_function(address, vendor=0x144D, device=0xA808, class_code=0x010802, driver="nvme", iommu_group=9)
+        tree.add_block(address, disk, dev)
+    (tmp_path / "mountinfo").write_text("")
+    spec = ("example.com/nvme", {"selectors": [{"class": "0x010802"}], "vfio": True, "mountinfo": str(tmp_path / "mountinfo"), "force": force})
+    crashing = make_backend(world, [spec], writer=kernel)
+    kernel.crash_after = 4  # the first disk on vfio-pci, the second with its override only
+    await crashing.rescan()
+    with pytest.raises(SimulatedCrash):
+        await crashing.prepare("example.com/nvme", crashing.state.snapshots["example.com/nvme"].devices)
+    assert (tree.driver_of(NVME0), tree.driver_of(NVME1)) == ("vfio-pci", "nvme")
+    kernel.crash_after = None
+    if mounted:
+        (tmp_path / "mountinfo").write_text("30 1 259:1 / /var/lib/data rw - ext4 /dev/nvme1n1 rw\n")
+    async with running(make_backend(world, [spec], writer=kernel)) as sink:
+        drivers = {d.id: d.attribute("driver") for d in sink.latest["example.com/nvme"].devices}
+    journal = Journal(world.state_dir)
+    assert journal.pending() == []
+    if outcome == "finished":
+        assert drivers == {NVME0: "vfio-pci", NVME1: "vfio-pci"} and "finished the bind" in caplog.text
+    else:
+        assert drivers == {NVME0: "nvme", NVME1: "nvme"}
+        assert tree.driver_override(NVME0) is None and tree.driver_override(NVME1) is None
+        assert journal.all_bound() == {}
+        assert f"rolled back rather than bind {NVME1}: in use by the host: block device nvme1n1 (259:1) is mounted on /var/lib/data" in caplog.text
 
 
 async def test_udev_events_trigger_rescans_and_removal_is_immediate(world: World, tree: SysfsTree, kernel) -> None:

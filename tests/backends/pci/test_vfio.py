@@ -1,7 +1,8 @@
 """Binding to vfio-pci and back (backends.pci.vfio) against a fake sysfs tree whose kernel side is
 cdiplug.testing.FakeSysfsKernel: the exact write sequence (never new_id), idempotence, rollback on
 errors, restoring the recorded driver, and journal recovery after a crash (SimulatedCrash) at every
-step of a bind and of a restore; plus the state folder itself (atomic files, corrupt files, locks)."""
+step of a bind and of a restore (a half-done bind whose remaining functions an in-use check refuses
+is rolled back, and a crash during that roll-back is recovered too); plus the state folder itself (atomic files, corrupt files, locks)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import pytest
 
 from backends.pci.journal import Journal, JournalEntry, Op, PlannedFunction, Step
+from backends.pci.safety import FunctionInUse
 from backends.pci.sysfs import PciSysfs
 from backends.pci.vfio import VfioBinder, VfioError
 from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
@@ -179,15 +181,79 @@ def test_recovery_after_a_crash_during_restore(world: World, tree: SysfsTree, ke
     assert Journal(world.state_dir).bound(VF) is None and Journal(world.state_dir).pending() == []
 
 
-def test_recovery_of_a_multi_function_group_crashed_half_way(world: World, tree: SysfsTree, kernel) -> None:
-    tree.add_function("0000:01:00.0", vendor=0x10DE, class_code=0x030200, driver="nouveau", iommu_group=7)
-    tree.add_function("0000:01:00.1", vendor=0x10DE, class_code=0x040300, driver="snd_hda_intel", iommu_group=7)
+GPU, AUDIO = "0000:01:00.0", "0000:01:00.1"
+
+
+class InUseCheck:
+    """A stand-in for the backend's safety check: records its calls, refuses the ``busy`` ones."""
+
+    def __init__(self, busy: dict[str, str] | None = None) -> None:
+        self.busy = busy or {}
+        self.calls: list[tuple[str | None, tuple[str, ...]]] = []
+
+    def __call__(self, resource, functions) -> None:
+        self.calls.append((resource, tuple(fn.address for fn in functions)))
+        for fn in functions:
+            if fn.address in self.busy:
+                raise FunctionInUse(fn.address, self.busy[fn.address])
+
+
+def crash_half_way_through_a_gpu(world: World, tree: SysfsTree, kernel) -> None:
+    """Group 7 (GPU + audio) left with the GPU on vfio-pci and the audio function on its driver."""
+    tree.add_function(GPU, vendor=0x10DE, class_code=0x030200, driver="nouveau", iommu_group=7)
+    tree.add_function(AUDIO, vendor=0x10DE, class_code=0x040300, driver="snd_hda_intel", iommu_group=7)
     crash_at(kernel, 4)  # first function bound, second has its override only
     with pytest.raises(SimulatedCrash):
-        binder_for(world, kernel).bind_group("7", ["0000:01:00.0", "0000:01:00.1"])
+        binder_for(world, kernel).bind_group("7", [GPU, AUDIO], resource="example.com/gpu")
     kernel.crash_after = None
-    assert "finished the bind" in binder_for(world, kernel).recover()[0]
-    assert tree.driver_of("0000:01:00.0") == tree.driver_of("0000:01:00.1") == "vfio-pci"
+    assert (tree.driver_of(GPU), tree.driver_of(AUDIO), tree.driver_override(AUDIO)) == ("vfio-pci", "snd_hda_intel", "vfio-pci")
+
+
+def test_recovery_of_a_multi_function_group_crashed_half_way(world: World, tree: SysfsTree, kernel) -> None:
+    crash_half_way_through_a_gpu(world, tree, kernel)
+    check = InUseCheck()
+    assert "finished the bind" in binder_for(world, kernel, check_in_use=check).recover()[0]
+    assert tree.driver_of(GPU) == tree.driver_of(AUDIO) == "vfio-pci"
+    assert check.calls == [("example.com/gpu", (AUDIO,))]  # the journal's resource; only what is still on a host driver
+
+
+def assert_rolled_back(world: World, tree: SysfsTree) -> None:
+    journal = Journal(world.state_dir)
+    assert (tree.driver_of(GPU), tree.driver_of(AUDIO)) == ("nouveau", "snd_hda_intel")
+    assert tree.driver_override(GPU) is None and tree.driver_override(AUDIO) is None
+    assert journal.bound(GPU) is None and journal.bound(AUDIO) is None and journal.pending() == []
+    assert not (world.dev_root / "dev/vfio/7").exists()
+
+
+def test_recovery_rolls_back_a_bind_whose_remaining_function_is_in_use(world: World, tree: SysfsTree, kernel, caplog) -> None:
+    crash_half_way_through_a_gpu(world, tree, kernel)
+    check = InUseCheck({AUDIO: "in use by the host: block device sdz is mounted on /data"})
+    (line,) = binder_for(world, kernel, check_in_use=check).recover()
+    assert f"rolled back rather than bind {AUDIO}: in use by the host: block device sdz is mounted on /data" in line
+    assert_rolled_back(world, tree)
+    assert f"rather than bind {AUDIO}" in caplog.text and "mounted on /data" in caplog.text
+
+
+def test_recovery_without_an_in_use_check_rolls_back(world: World, tree: SysfsTree, kernel) -> None:
+    crash_half_way_through_a_gpu(world, tree, kernel)
+    assert f"rather than bind {AUDIO}: still on snd_hda_intel" in binder_for(world, kernel).recover()[0]
+    assert_rolled_back(world, tree)
+
+
+@pytest.mark.parametrize("writes", [1, 2, 3, 4])
+def test_a_crash_during_the_roll_back_is_recovered_as_a_restore(world: World, tree: SysfsTree, kernel, writes) -> None:
+    crash_half_way_through_a_gpu(world, tree, kernel)
+    kernel.writes.clear()
+    crash_at(kernel, writes)
+    with pytest.raises(SimulatedCrash):
+        binder_for(world, kernel, check_in_use=InUseCheck({AUDIO: "busy"})).recover()
+    (entry,) = Journal(world.state_dir).pending()
+    assert entry.op is Op.RESTORE
+    kernel.crash_after = None
+    check = InUseCheck()  # free by now: the roll-back is finished all the same
+    assert "finished the restore" in binder_for(world, kernel, check_in_use=check).recover()[0]
+    assert_rolled_back(world, tree)
+    assert check.calls == []
 
 
 def test_next_bind_of_the_group_recovers_first(world: World, tree: SysfsTree, kernel, vfs) -> None:
