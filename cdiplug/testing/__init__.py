@@ -4,6 +4,8 @@
   socket that dials plugins, holds ListAndWatch, picks devices as the kubelet does and allocates.
 - :class:`SysfsTree` (``cdiplug.testing.sysfs``): builds fake sysfs trees of PCI functions.
 - :class:`FakeNvml` (``cdiplug.testing.nvml``): an NVML stand-in with topology and XID events.
+- :class:`RecordingSink` and ``running`` (``cdiplug.testing.sink``): run a backend under test and
+  await what it reports.
 
 Names are imported on first use, so using one fake does not import the others' dependencies.
 """
@@ -17,6 +19,7 @@ _EXPORTS = {
     "KubeletStandIn": "kubelet",
     "SysfsTree": "sysfs",
     "FakeNvml": "nvml",
+    "RecordingSink": "sink",
     "PodResourcesStandIn": "pod_resources",
 }
 

@@ -4,8 +4,8 @@ a sink that records snapshots and lets a test await a condition, and a running b
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -13,33 +13,10 @@ import pytest
 
 from backends.nvidia.backend import NvidiaBackend
 from cdiplug.config import ResourceConfig, parse_config
-from cdiplug.model import DeviceSnapshot
 from cdiplug.testing import FakeNvml
+from cdiplug.testing.sink import RecordingSink
+from cdiplug.testing.sink import running as run_backend
 from cdiplug.world import World
-
-
-class RecordingSink:
-    """A SnapshotSink keeping every snapshot; ``wait_for`` awaits a condition on the latest ones."""
-
-    def __init__(self) -> None:
-        self.snapshots: list[DeviceSnapshot] = []
-        self.latest: dict[str, DeviceSnapshot] = {}
-        self._published = asyncio.Event()
-
-    def publish(self, snapshot: DeviceSnapshot) -> None:
-        self.snapshots.append(snapshot)
-        self.latest[snapshot.resource] = snapshot
-        self._published.set()
-
-    async def wait_for(self, condition: Callable[[Mapping[str, DeviceSnapshot]], Any], timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not condition(self.latest):
-                self._published.clear()
-                await self._published.wait()
-
-    def health(self, resource: str) -> dict[str, str]:
-        snap = self.latest[resource]
-        return {d.id: d.health.value for d in snap.devices}
 
 
 def resources(*entries: dict[str, Any]) -> tuple[ResourceConfig, ...]:
@@ -54,24 +31,9 @@ def machine(world: World, fake: FakeNvml) -> World:
     return attrs.evolve(world, nvml=fake)
 
 
-@contextlib.asynccontextmanager
-async def running(backend: NvidiaBackend, sink: RecordingSink, names: Sequence[str] | None = None) -> AsyncIterator[asyncio.Task[None]]:
+def running(backend: NvidiaBackend, sink: RecordingSink, names: Sequence[str] | None = None) -> AbstractAsyncContextManager[asyncio.Task[None]]:
     """Run the backend until the block ends; every resource (or ``names``) has published by then."""
-    task = asyncio.create_task(backend.run(sink), name="test:nvidia")
-    wanted = set(names if names is not None else (r.name for r in backend.resources))
-    try:
-        waiter = asyncio.create_task(sink.wait_for(lambda latest: wanted <= latest.keys()))
-        done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            waiter.cancel()
-            task.result()  # the backend's own error
-            raise AssertionError("the backend stopped before publishing")
-        waiter.result()
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    return run_backend(backend, sink, names)
 
 
 @pytest.fixture

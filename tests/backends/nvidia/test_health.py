@@ -135,7 +135,7 @@ async def test_recovery_after_n_clean_probes(world: World, nv, sink) -> None:
         # A new XID takes it down again at once, and the count starts over.
         fake.inject_xid(lost, 48)
         await sink.wait_for(lambda latest: latest[GPU].get(lost).health is Health.UNHEALTHY)
-    healths = [s.get(lost).health for s in sink.snapshots]
+    healths = [s.get(lost).health for s in sink.history]
     assert healths == [Health.HEALTHY, Health.UNHEALTHY, Health.HEALTHY, Health.UNHEALTHY]
 
 

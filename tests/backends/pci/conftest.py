@@ -3,16 +3,16 @@ binding, resources parsed through the real config loader, and a sink that queues
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
 from backends.pci import PciBackend, plugin
 from cdiplug.config import ResourceConfig, parse_config
-from cdiplug.model import DeviceSnapshot
+from cdiplug.testing.sink import RecordingSink
+from cdiplug.testing.sink import running as run_backend
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug.world import World
 
@@ -23,32 +23,6 @@ def resources(*specs: tuple[str, dict[str, Any]]) -> tuple[ResourceConfig, ...]:
     """``resources(("example.com/nic", {"selectors": [...]}), ...)`` through the real config loader."""
     data = {"resources": [{"name": n, "backend": "pci", "options": o} for n, o in specs]}
     return parse_config(data, "test.yaml", plugins={"pci": plugin}).resources
-
-
-class QueueSink:
-    """Keeps every published snapshot; ``until`` awaits the next one that satisfies a predicate."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, DeviceSnapshot] = {}
-        self.history: list[DeviceSnapshot] = []
-        self._changed = asyncio.Event()
-
-    def publish(self, snapshot: DeviceSnapshot) -> None:
-        self.latest[snapshot.resource] = snapshot
-        self.history.append(snapshot)
-        self._changed.set()
-
-    async def until(
-        self, resource: str, predicate: Callable[[DeviceSnapshot], bool] = lambda s: True, timeout: float = DEADLINE
-    ) -> DeviceSnapshot:
-        """The latest snapshot of ``resource`` once ``predicate`` holds for it (woken by publishes)."""
-        async with asyncio.timeout(timeout):
-            while True:
-                current = self.latest.get(resource)
-                if current is not None and predicate(current):
-                    return current
-                self._changed.clear()
-                await self._changed.wait()
 
 
 @pytest.fixture
@@ -72,24 +46,11 @@ def add_nic_with_vfs(tree: SysfsTree, vfs: int = 2, numa: int = 1) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def running(backend: PciBackend) -> AsyncIterator[QueueSink]:
+async def running(backend: PciBackend) -> AsyncIterator[RecordingSink]:
     """Run ``backend`` until the block ends; yields its sink once every resource has published."""
-    sink = QueueSink()
-    task = asyncio.create_task(backend.run(sink), name="test:pci-backend")
-    try:
-        for r in backend.resources:
-            waiter = asyncio.ensure_future(sink.until(r.name))
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                waiter.cancel()
-                task.result()
-                raise AssertionError("the backend stopped before publishing")
-            waiter.result()
+    sink = RecordingSink()
+    async with run_backend(backend, sink, timeout=DEADLINE):
         yield sink
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def make_backend(world: World, specs: Sequence[tuple[str, dict[str, Any]]], **kwargs: Any) -> PciBackend:
