@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from backends.pci import plugin
-from backends.pci.discovery import select_all, to_snapshot
-from backends.pci.journal import Journal
-from backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci import plugin
+from cdiplug_backends.pci.discovery import select_all, to_snapshot
+from cdiplug_backends.pci.journal import Journal
+from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.config import parse_config
 from cdiplug.testing.sysfs import SysfsTree
 

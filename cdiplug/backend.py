@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from attrs import frozen
 
 from .errors import BackendInitError
 from .model import Device, DeviceSnapshot, PreferredRequest
+from .resource import ResourceConfig, default_dra_driver
 from .world import World
 
-if TYPE_CHECKING:
-    from .config import ResourceConfig
+O = TypeVar("O")  # noqa: E741 - a backend's options type
 
 ENTRY_POINT_GROUP = "cdiplug.backends"
 
@@ -51,10 +51,31 @@ class Backend(Protocol):
 class Preparer(Protocol):
     """Makes devices ready for a container (bind to vfio-pci). Idempotent: ready devices are a no-op.
 
-    The allocator calls it one group at a time; it raises PreparationError (or DeviceInUse).
+    The host calls it one preparation group at a time, never twice at once for one group. It
+    returns the devices as they are once prepared, in the order given (a freshly bound function
+    gains its ``/dev/vfio/devices/vfioN``): answers and CDI specs are built from them. It raises
+    PreparationError (or DeviceInUse).
     """
 
-    async def prepare(self, resource: str, devices: Sequence[Device]) -> None: ...
+    async def prepare(self, resource: str, devices: Sequence[Device]) -> Sequence[Device]: ...
+
+
+@runtime_checkable
+class Unpreparer(Protocol):
+    """Undoes a preparation once no pod holds the device (PCI: give it back to its original driver).
+
+    Front ends call it through the host when they know a device is free: the DRA front end from
+    NodeUnprepareResources, the device-plugin front end from the kubelet's PodResources API.
+    ``release_interval`` says how often the device-plugin front end should look (None: this
+    resource never undoes anything); ``releasable`` names the devices it prepared and would undo
+    now (past any grace period), also those an earlier run of the daemon prepared.
+    """
+
+    def release_interval(self, resource: str) -> float | None: ...
+
+    async def releasable(self, resource: str) -> Sequence[str]: ...
+
+    async def unprepare(self, resource: str, device_ids: Sequence[str]) -> None: ...
 
 
 @runtime_checkable
@@ -88,6 +109,7 @@ class Abilities:
     """The optional abilities of one backend, found once when it is created."""
 
     preparer: Preparer | None = None
+    unpreparer: Unpreparer | None = None
     preferred: PreferredAllocator | None = None
     affinity: PairwiseAffinity | None = None
     pre_starter: PreStarter | None = None
@@ -96,17 +118,15 @@ class Abilities:
 def abilities_of(backend: Backend) -> Abilities:
     return Abilities(
         preparer=backend if isinstance(backend, Preparer) else None,
+        unpreparer=backend if isinstance(backend, Unpreparer) else None,
         preferred=backend if isinstance(backend, PreferredAllocator) else None,
         affinity=backend if isinstance(backend, PairwiseAffinity) else None,
         pre_starter=backend if isinstance(backend, PreStarter) else None,
     )
 
 
-BackendFactory = Callable[[Sequence["ResourceConfig"], World], Backend]
-
-
 @frozen
-class BackendPlugin:
+class BackendPlugin(Generic[O]):
     """What a backend package exports under the ``cdiplug.backends`` entry point group.
 
     ``options_type`` is an attrs class the core structures each resource's ``options`` into (with
@@ -114,18 +134,27 @@ class BackendPlugin:
     for all the resources that name this plugin. ``default_cdi_kind``, when given, maps a resource
     name to the CDI kind used when the resource sets no ``cdi_kind`` (a backend whose vendor tools
     already write specs under the resource's name needs another kind); else the kind is the name.
+    ``default_dra_driver`` likewise for ``dra_driver`` (else ``<class>.<vendor>``); it must never
+    give another vendor's driver name.
+
+    Handles a backend needs beyond the :class:`World` (NVML, a udev monitor) are the plugin's
+    business: a package exports a ready ``plugin`` and a function that makes one with fakes.
     """
 
     name: str
-    options_type: type
-    create: BackendFactory
+    options_type: type[O]
+    create: Callable[[Sequence[ResourceConfig[O]], World], Backend]
     default_cdi_kind: Callable[[str], str] | None = None
+    default_dra_driver: Callable[[str], str] | None = None
 
     def cdi_kind_for(self, resource: str) -> str:
         return self.default_cdi_kind(resource) if self.default_cdi_kind else resource
 
+    def dra_driver_for(self, resource: str) -> str:
+        return self.default_dra_driver(resource) if self.default_dra_driver else default_dra_driver(resource)
 
-class PluginRegistry(Mapping[str, BackendPlugin]):
+
+class PluginRegistry(Mapping[str, BackendPlugin[Any]]):
     """Installed backend plugins by name, each imported only when first asked for.
 
     So a node without NVML never imports the NVIDIA backend unless a resource names it. A broken
@@ -133,11 +162,11 @@ class PluginRegistry(Mapping[str, BackendPlugin]):
     reports it at the resource's ``backend`` field).
     """
 
-    def __init__(self, plugins: Mapping[str, BackendPlugin] | None = None) -> None:
-        self._loaded: dict[str, BackendPlugin] = dict(plugins or {})
+    def __init__(self, plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> None:
+        self._loaded: dict[str, BackendPlugin[Any]] = dict(plugins or {})
         self._entry_points = {} if plugins is not None else {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
-    def __getitem__(self, name: str) -> BackendPlugin:
+    def __getitem__(self, name: str) -> BackendPlugin[Any]:
         if name not in self._loaded:
             ep = self._entry_points[name]
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections.abc
 import enum
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,10 @@ import yaml
 from attrs import field, frozen
 
 from .backend import BackendPlugin, load_plugins
-from .cdi.names import kind_problem
 from .errors import BackendError, BackendNotFound, ConfigError
 from .model import DEFAULT_ALLOCATE, AllocatePart
-from .resource_names import extended_resource_problem, socket_name
+from .resource import Api, ResourceConfig, default_dra_driver
+from .names import extended_resource_problem, is_dns_subdomain, kind_problem
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 
@@ -110,6 +110,7 @@ def register_enum(cls: type[enum.Enum]) -> None:
 
 
 register_enum(AllocatePart)
+register_enum(Api)
 
 
 def _format_exception(exc: BaseException, type_: Any) -> str:
@@ -132,6 +133,8 @@ class _RawResource:
     cdi_kind: str | None = None
     allocate: tuple[AllocatePart, ...] | None = None
     replicas: int = 1
+    api: Api = Api.DEVICE_PLUGIN
+    dra_driver: str | None = None
 
 
 @frozen
@@ -140,34 +143,11 @@ class _RawConfig:
 
 
 @frozen
-class ResourceConfig:
-    """One extended resource: its name, the backend serving it and that backend's typed options."""
-
-    name: str
-    backend: str
-    options: Any = field(eq=True)
-    cdi_kind: str = ""
-    allocate: frozenset[AllocatePart] = DEFAULT_ALLOCATE
-    replicas: int = 1
-
-    def __attrs_post_init__(self) -> None:
-        if not self.cdi_kind:
-            object.__setattr__(self, "cdi_kind", self.name)
-
-    @property
-    def socket_name(self) -> str:
-        return socket_name(self.name)
-
-    def sends(self, part: AllocatePart) -> bool:
-        return part in self.allocate
-
-
-@frozen
 class Config:
-    resources: tuple[ResourceConfig, ...]
+    resources: tuple[ResourceConfig[Any], ...]
     source: str = field(default="<built-in default>", eq=False)
 
-    def by_name(self) -> Mapping[str, ResourceConfig]:
+    def by_name(self) -> Mapping[str, ResourceConfig[Any]]:
         return {r.name: r for r in self.resources}
 
 
@@ -219,9 +199,10 @@ def parse_config(
         raise ConfigError("at least one resource is needed", "$.resources", source)
     plugins = load_plugins() if plugins is None else plugins
 
-    resources: list[ResourceConfig] = []
+    resources: list[ResourceConfig[Any]] = []
     seen_names: dict[str, int] = {}
     seen_kinds: dict[str, int] = {}
+    seen_drivers: dict[str, int] = {}
     for i, r in enumerate(raw.resources):
         at = f"$.resources[{i}]"
         problem = extended_resource_problem(r.name)
@@ -248,6 +229,19 @@ def parse_config(
         if kind in seen_kinds:
             raise ConfigError(f"CDI kind {kind!r} is already used by $.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source)
         seen_kinds[kind] = i
+        driver = ""
+        if r.dra_driver is not None and r.api is not Api.DRA:
+            raise ConfigError("dra_driver applies only with api: dra", f"{at}.dra_driver", source)
+        if r.api is Api.DRA:
+            driver = r.dra_driver or plugin.dra_driver_for(r.name)
+            problem = dra_driver_problem(driver)
+            if problem:
+                raise ConfigError(problem, f"{at}.dra_driver" if r.dra_driver else f"{at}.name", source)
+            if driver in seen_drivers:
+                raise ConfigError(
+                    f"DRA driver {driver!r} is already used by $.resources[{seen_drivers[driver]}]", f"{at}.dra_driver", source
+                )
+            seen_drivers[driver] = i
         options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
         resources.append(
             ResourceConfig(
@@ -257,6 +251,8 @@ def parse_config(
                 cdi_kind=kind,
                 allocate=frozenset(r.allocate) if r.allocate is not None else DEFAULT_ALLOCATE,
                 replicas=r.replicas,
+                api=r.api,
+                dra_driver=driver or default_dra_driver(r.name),
             )
         )
     return Config(resources=tuple(resources), source=source)
@@ -282,8 +278,8 @@ def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlu
     return parse_config(data, source, plugins)
 
 
-def group_by_backend(resources: Sequence[ResourceConfig]) -> Mapping[str, tuple[ResourceConfig, ...]]:
-    groups: dict[str, list[ResourceConfig]] = {}
-    for r in resources:
-        groups.setdefault(r.backend, []).append(r)
-    return {k: tuple(v) for k, v in groups.items()}
+def dra_driver_problem(driver: str) -> str | None:
+    """Why ``driver`` cannot name a DRA driver (a DNS subdomain of at most 63 characters), or None."""
+    if len(driver) > 63 or not is_dns_subdomain(driver):
+        return f"DRA driver name {driver[:80]!r} must be a DNS subdomain (lower case, digits, '-', '.') of at most 63 characters"
+    return None

@@ -2,7 +2,7 @@
 
 :func:`serve` is what ``cdiplug serve`` runs. It loads the configuration (a :class:`ConfigError`
 propagates: the command line exits 2), builds :class:`~cdiplug.metrics.Metrics` (only when an
-address is given to serve them), starts the :class:`~cdiplug.manager.Manager` and then waits:
+address is given to serve them), starts the :class:`~cdiplug.deviceplugin.frontend.Manager` and then waits:
 
 - SIGTERM or SIGINT: a clean stop (tasks cancelled, servers stopped, our sockets removed); 0.
 - SIGHUP: the configuration file is read again and applied (resources added, removed or changed
@@ -10,7 +10,7 @@ address is given to serve them), starts the :class:`~cdiplug.manager.Manager` an
   message and the old one keeps running.
 - a guarded task failing: everything stops cleanly and its error is raised to the caller.
 
-The boundary: process-level concerns only; what runs is the manager's business.
+The boundary: process-level concerns only; what runs is the node's business.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import logging
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .backend import BackendPlugin
 from .config import Config, load_config
 from .errors import CdiplugError, ConfigError
-from .manager import Manager
+from .node import Node
 from .supervisor import Supervisor
+from .telemetry import NULL_RECORDER
 from .world import World
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class Daemon:
         world: World,
         *,
         metrics_address: str | None = None,
-        plugins: Mapping[str, BackendPlugin] | None = None,
+        plugins: Mapping[str, BackendPlugin[Any]] | None = None,
         metrics: Metrics | None = None,
         stop: asyncio.Event | None = None,
     ) -> None:
@@ -61,7 +62,7 @@ class Daemon:
 
             metrics = Metrics()
         self.metrics = metrics
-        self.manager: Manager | None = None
+        self.node: Node | None = None
         self.supervisor = Supervisor()
         self.started = asyncio.Event()  # set once every server is serving (registration may wait)
         self._stop = stop if stop is not None else asyncio.Event()
@@ -99,15 +100,16 @@ class Daemon:
             async with contextlib.AsyncExitStack() as stack:
                 if self.metrics_address and self.metrics is not None:
                     await stack.enter_async_context(self.metrics.serve(self.metrics_address))
-                manager = self.manager = Manager(config, self.world, self.supervisor, plugins=self.plugins, metrics=self.metrics)
+                recorder = self.metrics if self.metrics is not None else NULL_RECORDER
+                node = self.node = Node(config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder)
                 try:
-                    await manager.start()
+                    await node.start()
                     self.started.set()
                     self.supervisor.spawn("reloader", self._reloader())
                     await self._wait_for_stop()
                 finally:
                     await self.supervisor.close()
-                    await manager.stop()
+                    await node.stop()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -143,7 +145,7 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Read the configuration again and apply it; False (logged) when it is bad."""
-        assert self.manager is not None
+        assert self.node is not None
         try:
             config = await self._load()
         except ConfigError as exc:
@@ -151,7 +153,7 @@ class Daemon:
             self._reloads_done += 1
             return False
         try:
-            await self.manager.reload(config)
+            await self.node.reload(config)
         except CdiplugError as exc:
             log.error("configuration not applied, the old one keeps running: %s", exc)
             self._reloads_done += 1

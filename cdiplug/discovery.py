@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Mapping
 
 from .backend import BackendPlugin, load_plugins
-from .config import Config, group_by_backend
+from .config import Config
+from .host import group_by_backend
 from .errors import BackendError
 from .model import DeviceSnapshot
 from .world import World

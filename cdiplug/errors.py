@@ -2,7 +2,7 @@
 
 Every failure that crosses a module boundary is one of these. Errors from the OS, NVML, gRPC or
 netlink are caught where they enter and re-raised as one of these with ``raise ... from``. gRPC
-status codes are chosen only at the gRPC edge (``cdiplug.server``), from the class of the error.
+status codes are chosen only at the gRPC edge (``cdiplug.deviceplugin.server``), from the class of the error.
 """
 
 from __future__ import annotations

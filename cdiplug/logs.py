@@ -47,7 +47,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-01-02T03:04:05.678Z INFO cdiplug.manager [example.com/fpga fpga-0] message``."""
+    """``2026-01-02T03:04:05.678Z INFO cdiplug.deviceplugin.frontend [example.com/fpga fpga-0] message``."""
 
     def format(self, record: logging.LogRecord) -> str:
         context = " ".join(str(v) for name in CONTEXT_FIELDS if (v := getattr(record, name, None)) is not None)

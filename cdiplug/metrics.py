@@ -118,12 +118,19 @@ class Metrics:
             "cdiplug_preparation_failures", "Device preparations that failed (binding to vfio-pci, say), per resource.", ["resource"], registry=r
         )
         self._kubelet_restarts = Counter("cdiplug_kubelet_restarts", "Kubelet restarts seen (its socket re-created).", registry=r)
+        self._backend_restarts = Counter(
+            "cdiplug_backend_restarts", "Backends restarted after they failed, per backend.", ["backend"], registry=r
+        )
+        self._backend_down = Gauge(
+            "cdiplug_resource_backend_down", "1 while the resource's backend is down (restarting), else 0.", ["resource"], registry=r
+        )
         self._ready = Gauge("cdiplug_resource_ready", "1 when the resource is registered with the kubelet, else 0.", ["resource"], registry=r)
         self._children: dict[str, _Children] = {}
         # Read by the HTTP thread, written by the loop: replaced whole under the lock.
         self._lock = threading.Lock()
         self._configured: frozenset[str] | None = None
         self._ready_set: frozenset[str] = frozenset()
+        self._down_set: frozenset[str] = frozenset()
 
     def _of(self, resource: str) -> _Children:
         children = self._children.get(resource)
@@ -165,6 +172,15 @@ class Metrics:
     def kubelet_restart(self) -> None:
         self._kubelet_restarts.inc()
 
+    def backend_restarted(self, backend: str) -> None:
+        self._backend_restarts.labels(backend).inc()
+
+    def backend_down(self, resource: str, down: bool) -> None:
+        """Mark ``resource``'s backend down (restarting) or back; ``/readyz`` names it while down."""
+        self._backend_down.labels(resource).set(1 if down else 0)
+        with self._lock:
+            self._down_set = self._down_set | {resource} if down else self._down_set - {resource}
+
     def set_ready(self, resource: str, ready: bool) -> None:
         """Mark ``resource`` registered (or not: the kubelet restarted, its server stopped)."""
         self._of(resource).ready.set(1 if ready else 0)
@@ -183,6 +199,7 @@ class Metrics:
             (self._devices, [(resource, "healthy"), (resource, "unhealthy")]),
             (self._preparation_failures, [(resource,)]),
             (self._ready, [(resource,)]),
+            (self._backend_down, [(resource,)]),
         ):
             for labels in label_sets:
                 try:
@@ -191,6 +208,7 @@ class Metrics:
                     pass
         with self._lock:
             self._ready_set = self._ready_set - {resource}
+            self._down_set = self._down_set - {resource}
 
     def configure(self, resources: Iterable[str]) -> None:
         """The resources that must all be registered for ``/readyz`` to answer 200."""
@@ -205,9 +223,14 @@ class Metrics:
             configured, ready = self._configured, self._ready_set
         return None if configured is None else sorted(configured - ready)
 
+    def backends_down(self) -> list[str]:
+        """The configured resources whose backend is down (sorted)."""
+        with self._lock:
+            return sorted(self._down_set & (self._configured or frozenset()))
+
     def ready(self) -> bool:
-        """Every configured resource is registered (False before :meth:`configure`)."""
-        return self.not_ready() == []
+        """Every configured resource is registered and its backend up (False before :meth:`configure`)."""
+        return self.not_ready() == [] and not self.backends_down()
 
     # -- serving ---------------------------------------------------------------------------------
 
@@ -269,11 +292,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._text(200, "ok\n")
 
     def _readyz(self) -> None:
-        missing = self.server.metrics.not_ready()
+        metrics = self.server.metrics
+        missing, down = metrics.not_ready(), metrics.backends_down()
         if missing is None:
             self._text(503, "not ready: no resources configured yet\n")
-        elif missing:
-            self._text(503, "not ready; not registered with the kubelet: " + ", ".join(missing) + "\n")
+        elif missing or down:
+            lines = []
+            if missing:
+                lines.append("not registered with the kubelet: " + ", ".join(missing))
+            if down:
+                lines.append("backend down (restarting): " + ", ".join(down))
+            self._text(503, "not ready; " + "; ".join(lines) + "\n")
         else:
             self._text(200, "ready\n")
 

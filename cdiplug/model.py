@@ -3,7 +3,7 @@
 A backend describes what it found as a :class:`DeviceSnapshot` per resource: every device with its
 health, NUMA nodes and the container edits (device nodes, mounts, env) a container needs to use it,
 plus edits common to the whole resource. The core diffs snapshots, the allocator turns requested
-devices into a :class:`ContainerAllocation`, and only ``cdiplug.server`` turns that into protobuf.
+devices into a :class:`ContainerAllocation`, and only ``cdiplug.deviceplugin.server`` turns that into protobuf.
 Nothing here does I/O.
 """
 

@@ -30,7 +30,7 @@ import yaml
 from attrs import field, frozen
 
 from .errors import CdiplugError
-from .resource_names import extended_resource_problem, is_dns_subdomain
+from .names import extended_resource_problem, is_dns_subdomain
 
 PATCH_CONTENT_TYPE = "application/json-patch+json"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

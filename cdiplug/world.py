@@ -6,8 +6,9 @@ Tests and users testing their own backends build a :class:`World` of temporary f
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
-from typing import Any
 
 from attrs import field, frozen
 
@@ -15,15 +16,21 @@ DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 DEFAULT_STATE_DIR = Path("/var/lib/cdiplug")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+
+
+def default_node_name() -> str:
+    """``$NODE_NAME`` (the downward API in a DaemonSet), else the host name in lower case."""
+    return os.environ.get("NODE_NAME") or socket.gethostname().lower()
 
 
 @frozen
 class World:
-    """Folders and handles of the node.
+    """Folders and names of the node.
 
-    ``nvml`` is an NVML-like module (``pynvml`` or ``cdiplug.testing.FakeNvml``); None lets the
-    NVIDIA backend load the real library. ``udev_monitor`` is a pyudev-like monitor; None lets the
-    PCI backend open the real one where udev exists.
+    ``kubeconfig`` None means: in-cluster credentials, else ``$KUBECONFIG`` (DRA's API client
+    decides). Handles only some backends need (NVML, udev) are not here: their plugins take them.
     """
 
     kubelet_dir: Path = field(default=DEFAULT_KUBELET_DIR, converter=Path)
@@ -32,8 +39,10 @@ class World:
     sysfs_root: Path = field(default=Path("/sys"), converter=Path)
     dev_root: Path = field(default=Path("/"), converter=Path)
     pod_resources_socket: Path = field(default=DEFAULT_POD_RESOURCES_SOCKET, converter=Path)
-    nvml: Any = field(default=None, eq=False)
-    udev_monitor: Any = field(default=None, eq=False)
+    plugins_registry_dir: Path = field(default=DEFAULT_PLUGINS_REGISTRY_DIR, converter=Path)
+    plugins_dir: Path = field(default=DEFAULT_PLUGINS_DIR, converter=Path)
+    node_name: str = field(factory=default_node_name)
+    kubeconfig: Path | None = None
 
     @property
     def kubelet_socket(self) -> Path:

@@ -38,11 +38,13 @@ from cdiplug.discovery import discover_once
 from cdiplug.testing import FakeNvml, SysfsTree
 from cdiplug.testing.sysfs import FakeUdevMonitor
 from cdiplug.world import World
+from cdiplug_backends.nvidia import make_plugin as nvidia_plugin
+from cdiplug_backends.pci import make_plugin as pci_plugin
 
 
-async def write(out: Path, resources: list[dict], world: World) -> None:
-    config = parse_config({"resources": resources}, "hack/update-cdi-specs.sh")
-    snapshots = await discover_once(config, world)
+async def write(out: Path, resources: list[dict], world: World, plugins: dict) -> None:
+    config = parse_config({"resources": resources}, "hack/update-cdi-specs.sh", plugins)
+    snapshots = await discover_once(config, world, plugins=plugins)
     writer = SpecWriter(out)
     for resource in config.resources:
         writer.write(resource.cdi_kind, snapshots[resource.name])
@@ -56,14 +58,14 @@ async def main(out: Path, tmp: Path) -> None:
     nic = {"name": "example.com/nic-vfio", "backend": "pci",
            "options": {"selectors": [{"vendor": "0x8086", "device": "0x154c"}], "vfio": True}}
     await write(out, [nic], World(sysfs_root=tree.root, dev_root=tmp / "pci-root", cdi_dir=out,
-                                  state_dir=tmp / "state", udev_monitor=FakeUdevMonitor()))
+                                  state_dir=tmp / "state"), {"pci": pci_plugin(udev_monitor=FakeUdevMonitor())})
 
     nvml = FakeNvml.nvlink_pairs()
     nvml.write_sysfs(tmp / "gpu-sys")
     nvml.write_dev(tmp / "gpu-root")
     gpu = {"name": "nvidia.com/gpu", "backend": "nvidia", "cdi_kind": "cdiplug.nvidia.com/gpu"}
     await write(out, [gpu], World(sysfs_root=tmp / "gpu-sys", dev_root=tmp / "gpu-root", cdi_dir=out,
-                                  state_dir=tmp / "state", nvml=nvml))
+                                  state_dir=tmp / "state"), {"nvidia": nvidia_plugin(nvml=nvml)})
 
 
 with tempfile.TemporaryDirectory(prefix="cdiplug-examples-") as tmp:

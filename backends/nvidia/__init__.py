@@ -1,6 +1,6 @@
 """The NVIDIA backend: GPUs found through NVML, advertised by UUID, with topology and XID health.
 
-Options (``backends.nvidia.options``): ``selectors`` split a node's GPUs into several resources
+Options (``cdiplug_backends.nvidia.options``): ``selectors`` split a node's GPUs into several resources
 (model glob, memory range, UUIDs, indices; the first resource that selects a GPU gets it; none:
 every GPU), ``fail_on_init_error``, ``driver_root``/``driver_files``, ``ignored_xids``,
 ``reprobe_interval_s``, ``clean_probes``, ``replica_strategy``.
@@ -17,15 +17,28 @@ the NVIDIA device plugin ``k8s.device-plugin.nvidia.com/gpu`` and its DRA driver
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from cdiplug.backend import BackendPlugin
 
 from .backend import NvidiaBackend
-from .cdi_kind import NVIDIA_OWNED_KINDS, default_cdi_kind
+from .cdi_kind import NVIDIA_OWNED_KINDS, default_cdi_kind, default_dra_driver
 from .options import GpuSelector, NvidiaOptions, ReplicaStrategy
 
-plugin = BackendPlugin(
-    name="nvidia", options_type=NvidiaOptions, create=NvidiaBackend, default_cdi_kind=default_cdi_kind
-)
+
+def make_plugin(nvml: Any = None, **backend_options: Any) -> BackendPlugin[NvidiaOptions]:
+    """The plugin, with an NVML-like module of your own (``cdiplug.testing.FakeNvml``; None: pynvml)."""
+    return BackendPlugin(
+        name="nvidia",
+        options_type=NvidiaOptions,
+        create=functools.partial(NvidiaBackend, nvml=nvml, **backend_options),
+        default_cdi_kind=default_cdi_kind,
+        default_dra_driver=default_dra_driver,
+    )
+
+
+plugin = make_plugin()
 
 __all__ = [
     "NVIDIA_OWNED_KINDS",
@@ -34,5 +47,7 @@ __all__ = [
     "NvidiaOptions",
     "ReplicaStrategy",
     "default_cdi_kind",
+    "default_dra_driver",
+    "make_plugin",
     "plugin",
 ]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cdiplug.backend import SnapshotSink
-from cdiplug.config import ResourceConfig
+from cdiplug.resource import ResourceConfig
 from cdiplug.errors import BackendInitError
 from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, PreferredRequest
 from cdiplug.replicas import underlying
@@ -42,9 +42,17 @@ T = TypeVar("T")
 class NvidiaBackend:
     """Serves every resource configured with ``backend: nvidia`` (one NVML session for all)."""
 
-    def __init__(self, resources: Sequence[ResourceConfig], world: World, *, event_wait_ms: int = DEFAULT_WAIT_MS) -> None:
+    def __init__(
+        self,
+        resources: Sequence[ResourceConfig[NvidiaOptions]],
+        world: World,
+        *,
+        nvml: Any = None,
+        event_wait_ms: int = DEFAULT_WAIT_MS,
+    ) -> None:
         self.resources = tuple(resources)
         self.world = world
+        self.nvml_module = nvml  # an NVML-like module (pynvml, cdiplug.testing.FakeNvml); None: pynvml
         self.event_wait_ms = event_wait_ms
         self._options: dict[str, NvidiaOptions] = {r.name: r.options for r in self.resources}
         self._gpus: dict[str, tuple[Gpu, ...]] = {r.name: () for r in self.resources}
@@ -70,7 +78,7 @@ class NvidiaBackend:
         self._loop = asyncio.get_running_loop()
         self._reprobe_now = {r.name: asyncio.Event() for r in self.resources}
         try:
-            nvml = await asyncio.to_thread(_start, self.world.nvml)
+            nvml = await asyncio.to_thread(_start, self.nvml_module)
         except NvmlUnavailable as exc:
             await self._without_gpus(f"NVML is not available: {exc} (no NVIDIA driver or driver library on this node?)", exc)
             return
@@ -272,7 +280,7 @@ def _resources(names: Sequence[str]) -> str:
 
 
 def _start(module: Any | None) -> Nvml:
-    """Load NVML (``world.nvml``, or pynvml when None) and initialize it. Blocking."""
+    """Load NVML (the module given, or pynvml when None) and initialize it. Blocking."""
     nvml = Nvml.load(module)
     nvml.init()
     return nvml

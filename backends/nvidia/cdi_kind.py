@@ -1,4 +1,4 @@
-"""Which CDI kind an NVIDIA resource should use, so its specs never clash with NVIDIA's own.
+"""Which CDI kind and DRA driver name an NVIDIA resource uses, so they never clash with NVIDIA's own.
 
 The NVIDIA container toolkit writes ``nvidia.com/gpu`` (``nvidia-ctk cdi generate``, also the
 kind of its ``all`` device) and ``management.nvidia.com/gpu``; the NVIDIA device plugin writes
@@ -24,3 +24,9 @@ def clash_problem(kind: str) -> str | None:
     if kind in NVIDIA_OWNED_KINDS:
         return f"CDI kind {kind!r} is written by NVIDIA's own tools; its specs may clash with cdiplug's (use cdi_kind: {default_cdi_kind(kind)})"
     return None
+
+
+def default_dra_driver(resource: str) -> str:
+    """``nvidia.com/gpu`` -> ``gpu.cdiplug.nvidia.com``: never ``gpu.nvidia.com``, NVIDIA's own DRA driver."""
+    vendor, _, cls = resource.partition("/")
+    return f"{cls.lower()}.cdiplug.{vendor}"

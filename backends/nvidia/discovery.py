@@ -20,7 +20,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from cdiplug.config import ResourceConfig
+from cdiplug.resource import ResourceConfig
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
 from cdiplug.world import World
 

@@ -1,6 +1,6 @@
 """The PCI backend: whole PCI functions and SR-IOV VFs from sysfs, optionally bound to vfio-pci.
 
-Options: see :mod:`backends.pci.options`. Devices:
+Options: see :mod:`cdiplug_backends.pci.options`. Devices:
 
 - ID: the PCI address (``0000:3b:02.0``); NUMA node from sysfs (``-1``: no topology);
   ``prepare_group``: the IOMMU group (VFIO mode).
@@ -17,11 +17,22 @@ Options: see :mod:`backends.pci.options`. Devices:
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from cdiplug.backend import BackendPlugin
 
 from .backend import PciBackend
 from .options import PciOptions, Release, Selector
 
-plugin = BackendPlugin(name="pci", options_type=PciOptions, create=PciBackend)
 
-__all__ = ["PciBackend", "PciOptions", "Release", "Selector", "plugin"]
+def make_plugin(udev_monitor: Any = None, **backend_options: Any) -> BackendPlugin[PciOptions]:
+    """The plugin, with a pyudev-like monitor of your own (None: the real one where udev exists)."""
+    return BackendPlugin(
+        name="pci", options_type=PciOptions, create=functools.partial(PciBackend, udev_monitor=udev_monitor, **backend_options)
+    )
+
+
+plugin = make_plugin()
+
+__all__ = ["PciBackend", "PciOptions", "Release", "Selector", "make_plugin", "plugin"]

@@ -11,12 +11,15 @@
    leaves its snapshot at once,
 4. follows link state through netlink for resources with ``link_health`` (a network function
    whose interface is down is Unhealthy),
-5. restores unheld functions for resources with ``release: restore`` (``release``).
+5. names, for resources with ``release: restore``, the functions it bound that may go back to
+   their original driver (``release``; the :class:`~cdiplug.backend.Unpreparer` ability: the
+   front ends decide when a device is free, ``unprepare`` restores it).
 
 ``prepare`` (the :class:`~cdiplug.backend.Preparer` ability) binds a device's whole IOMMU group
-to vfio-pci after the safety checks (``safety``), one group at a time across all resources (an
-``asyncio.Lock`` per group here, an ``flock`` per group in the state folder against
-``cdiplug vfio`` at a shell), then rescans so the new driver shows. Blocking work runs in threads.
+to vfio-pci after the safety checks (``safety``), then rescans so the new driver shows, and
+returns the devices as found then. The host calls it one group at a time across all resources
+(its per-group locks); an ``flock`` per group in the state folder keeps ``cdiplug vfio`` at a
+shell out of the way. Blocking work runs in threads.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from attrs import frozen
 from pyroute2.netlink.exceptions import NetlinkError
 
 from cdiplug.backend import SnapshotSink
-from cdiplug.config import ResourceConfig
 from cdiplug.errors import BackendError, CdiplugError, PreparationError
 from cdiplug.model import Device, DeviceSnapshot
+from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
 from .discovery import (
@@ -48,8 +51,8 @@ from .discovery import (
 from .hotplug import UdevWatch, open_monitor
 from .journal import BoundRecord, Journal, JournalError
 from .links import LinkStates
-from .options import PciOptions
-from .release import Lister, Releaser
+from .options import PciOptions, Release
+from .release import releasable
 from .safety import FunctionInUse, SafetyChecker
 from .sysfs import PciFunction, PciSysfs, PciTopology, check_address
 from .vfio import VFIO_DRIVER, BindResult, RestoreResult, SysfsWriter, VfioBinder
@@ -79,7 +82,7 @@ class PciBackend:
         *,
         writer: SysfsWriter | None = None,
         netns: str | None = None,
-        lister: Lister | None = None,
+        udev_monitor: Any = None,
         verify_timeout: float | None = None,
     ) -> None:
         self.resources = tuple(resources)
@@ -95,13 +98,11 @@ class PciBackend:
         }
         self.default_safety = SafetyChecker(self.sysfs, netns=netns)
         self.links = LinkStates(netns) if any(o.link_health for o in self.options.values()) else None
-        releaser_args: dict[str, Any] = {"lister": lister} if lister is not None else {}
-        self.releaser = Releaser(self.options, self.journal, world.pod_resources_socket, self.restore, **releaser_args)
+        self.udev_monitor = udev_monitor
         self.state: ScanState | None = None
         self._sink: SnapshotSink | None = None
         self._published: dict[str, DeviceSnapshot] = {}
         self._scan_lock = asyncio.Lock()
-        self._group_locks: dict[str, asyncio.Lock] = {}
         self._wake = asyncio.Event()
 
     # -- scanning ------------------------------------------------------------------------------
@@ -186,8 +187,6 @@ class PciBackend:
             tasks.append(asyncio.create_task(self._watch_udev(monitor), name="pci:udev"))
         if self.links is not None:
             tasks.append(asyncio.create_task(self._watch_links(self.links), name="pci:links"))
-        if self.releaser.active:
-            tasks.append(asyncio.create_task(self.releaser.run(), name="pci:release"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -200,7 +199,7 @@ class PciBackend:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if monitor is not None and monitor is not self.world.udev_monitor:
+            if monitor is not None and monitor is not self.udev_monitor:
                 close = getattr(monitor, "close", None)
                 if close is not None:
                     close()
@@ -226,7 +225,7 @@ class PciBackend:
             await asyncio.sleep(LINK_RETRY)
 
     def _open_monitor(self) -> Any:
-        return self.world.udev_monitor if self.world.udev_monitor is not None else open_monitor(self.world.sysfs_root)
+        return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root)
 
     async def _watch_udev(self, monitor: Any) -> None:
         async for events in UdevWatch(monitor).batches():
@@ -237,24 +236,27 @@ class PciBackend:
 
     # -- prepare -----------------------------------------------------------------------------------
 
-    def _group_lock(self, group: str) -> asyncio.Lock:
-        return self._group_locks.setdefault(group, asyncio.Lock())
+    async def prepare(self, resource: str, devices: Sequence[Device]) -> Sequence[Device]:
+        """Bind the groups of ``devices`` to vfio-pci; the devices as sysfs shows them afterwards.
 
-    async def prepare(self, resource: str, devices: Sequence[Device]) -> None:
+        The host calls it one preparation group at a time, under that group's lock.
+        """
         options = self.options.get(resource)
         if options is None:
             raise PreparationError(devices[0].id if devices else "?", f"resource {resource} is not served by the PCI backend")
         if not options.vfio or not devices:
-            return
+            return devices
         groups: dict[str, list[Device]] = {}
         for d in devices:
             groups.setdefault(d.prepare_group or f"noiommu:{d.id}", []).append(d)
         try:
             for group in sorted(groups):
-                async with self._group_lock(group):
-                    await self._prepare_group(resource, options, groups[group])
+                await self._prepare_group(resource, options, groups[group])
         finally:
             await self._rescan_quietly()
+        # A freshly bound function gains its iommufd cdev: answer with what the rescan found.
+        published = self._published.get(resource)
+        return [(published.get(d.id) if published is not None else None) or d for d in devices]
 
     async def _prepare_group(self, resource: str, options: PciOptions, devices: Sequence[Device]) -> None:
         state = await self.rescan()
@@ -297,6 +299,28 @@ class PciBackend:
         except CdiplugError as exc:
             raise PreparationError(address, str(exc)) from exc
 
+    # -- release (Unpreparer) -----------------------------------------------------------------------
+
+    def release_interval(self, resource: str) -> float | None:
+        options = self.options.get(resource)
+        return options.release_interval if options is not None and options.release is Release.RESTORE else None
+
+    async def releasable(self, resource: str) -> Sequence[str]:
+        """Functions cdiplug bound for ``resource`` (this run or an earlier one), past their grace
+        time: a fresh bind looks unheld until the kubelet has recorded our Allocate answer."""
+        options = self.options.get(resource)
+        if options is None or options.release is not Release.RESTORE:
+            return []
+        records = await asyncio.to_thread(self.journal.all_bound)
+        return releasable(records, resource, options.release_grace, self.binder.clock())
+
+    async def unprepare(self, resource: str, device_ids: Sequence[str]) -> None:
+        """``release: restore``: give the functions back to their original driver (``keep``: nothing)."""
+        options = self.options.get(resource)
+        if options is None or options.release is not Release.RESTORE:
+            return
+        await self.restore(device_ids)
+
     # -- restore -----------------------------------------------------------------------------------
 
     async def restore(self, addresses: Sequence[str], force: bool = False) -> list[RestoreResult]:
@@ -311,10 +335,9 @@ class PciBackend:
         results = []
         try:
             for group, members in sorted(by_group.items()):
-                async with self._group_lock(group):
-                    if not force and not group.startswith("noiommu:"):
-                        await self._refuse_open_group(group, members[0], state.topology)
-                    results.append(await asyncio.to_thread(self.binder.restore_group, group, members))
+                if not force and not group.startswith("noiommu:"):
+                    await self._refuse_open_group(group, members[0], state.topology)
+                results.append(await asyncio.to_thread(self.binder.restore_group, group, members))
         finally:
             await self._rescan_quietly()
         return results
@@ -363,11 +386,10 @@ class PciBackend:
         check_address(address)
         state = await self.rescan()
         group, members = self._group_of(state, address)
-        async with self._group_lock(group):
-            need = [state.topology.functions[a] for a in members if state.topology.functions[a].driver != VFIO_DRIVER]
-            if need and not force:
-                await self.default_safety.check_bind(need)
-            result = await self._bind(group, members, None, address)
+        need = [state.topology.functions[a] for a in members if state.topology.functions[a].driver != VFIO_DRIVER]
+        if need and not force:
+            await self.default_safety.check_bind(need)
+        result = await self._bind(group, members, None, address)
         await self.rescan()
         return result
 

@@ -1,6 +1,6 @@
 """Which PCI functions each resource advertises, and why any selected function is not advertised.
 
-Pure functions of one sysfs scan (:class:`~backends.pci.sysfs.PciTopology`), the resources in
+Pure functions of one sysfs scan (:class:`~cdiplug_backends.pci.sysfs.PciTopology`), the resources in
 config order and what the journal recorded about functions cdiplug bound. No I/O here.
 
 Rules (issue #4):
@@ -25,8 +25,8 @@ from fnmatch import fnmatchcase
 
 from attrs import field, frozen
 
-from cdiplug.config import ResourceConfig
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.resource import ResourceConfig
 
 from .options import PciOptions, Selector, parse_hex
 from .sysfs import PciFunction, PciTopology

@@ -1,7 +1,8 @@
 """Container Device Interface: the spec model, names, versions, the writer and validation.
 
 - :mod:`.names`: kinds, device names and qualified names by the CDI rules; IDs mapped to names.
-- :mod:`.spec`: the spec as attrs classes, its JSON form, ``build_spec(kind, snapshot)``.
+- :mod:`.spec`: the spec as attrs classes and its JSON form.
+- :mod:`.build`: ``build_spec(kind, snapshot)``, a spec from the device model.
 - :mod:`.version`: the lowest ``cdiVersion`` a spec's content needs.
 - :mod:`.writer`: ``SpecWriter``, atomic one-file-per-kind writes into the CDI folder.
 - :mod:`.annotations`: ``cdi.k8s.io/...`` annotations for runtimes that read those.

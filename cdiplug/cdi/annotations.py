@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 from ..errors import CdiNameError
-from .names import qualified_name_problem
+from ..names import qualified_name_problem
 
 PREFIX = "cdi.k8s.io/"
 MAX_NAME_LENGTH = 63

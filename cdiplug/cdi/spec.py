@@ -1,13 +1,12 @@
-"""The CDI spec as attrs classes, its JSON form, and how a resource's snapshot becomes one.
+"""The CDI spec as attrs classes and its JSON form.
 
 The classes mirror the reference Go types (``specs-go``) field for field, in the same order, so
 the JSON we write looks like what the reference library writes: keys spelled exactly as the spec
 spells them (``cdiVersion``, ``containerEdits``, ``additionalGids``, ``hostInterfaceName``) and
 empty fields left out. :func:`to_json`/:func:`from_json` are the only ways in and out.
 
-:func:`build_spec` turns a :class:`~cdiplug.model.DeviceSnapshot` into a :class:`Spec` with the
-lowest ``cdiVersion`` its content needs (:mod:`cdiplug.cdi.version`). Checking a spec file that
-someone else wrote is :mod:`cdiplug.cdi.validate`'s job; this module trusts its input types.
+Building a spec from our device model is :mod:`cdiplug.cdi.build`'s job; checking a spec file
+that someone else wrote is :mod:`cdiplug.cdi.validate`'s; this module trusts its input types.
 """
 
 from __future__ import annotations
@@ -16,14 +15,11 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import attrs
 import cattrs
 from attrs import NOTHING, field, fields, frozen
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from .. import model
 from ..errors import CdiError
-from .names import check_kind, device_name
 
 
 def _pairs(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -200,80 +196,3 @@ def from_json(text: str | bytes) -> Spec:
     if not isinstance(data, dict):
         raise CdiError("a CDI spec must be a JSON object")
     return from_dict(data)
-
-
-# --- from our device model -------------------------------------------------------------------
-
-
-def device_node(node: model.DeviceNode) -> DeviceNode:
-    host_path = node.host_path if node.host_path and node.host_path != node.path else None
-    return DeviceNode(
-        path=node.path,
-        host_path=host_path,
-        type=node.type,
-        major=node.major,
-        minor=node.minor,
-        file_mode=node.file_mode,
-        permissions=node.permissions or None,
-    )
-
-
-def mount(m: model.Mount) -> Mount:
-    options = list(m.options)
-    # Without a type, runc needs "bind" to know this is a bind mount (as the CDI examples do).
-    if m.type in (None, "bind") and "bind" not in options and "rbind" not in options:
-        options.append("bind")
-    if m.read_only and "ro" not in options:
-        options.insert(0, "ro")
-    return Mount(host_path=m.host_path, container_path=m.container_path, options=options, type=m.type)
-
-
-def hook(h: model.Hook) -> Hook:
-    return Hook(hook_name=h.hook_name, path=h.path, args=h.args, env=h.env, timeout=h.timeout)
-
-
-def container_edits(edits: model.ContainerEdits) -> ContainerEdits:
-    return ContainerEdits(
-        env=[f"{k}={v}" for k, v in edits.env],
-        device_nodes=[device_node(n) for n in edits.device_nodes],
-        hooks=[hook(h) for h in edits.hooks],
-        mounts=[mount(m) for m in edits.mounts],
-        additional_gids=edits.additional_gids,
-    )
-
-
-def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
-    """The spec of one kind for every device of ``snapshot``, with the lowest version it needs.
-
-    Raises CdiError when the kind is not a valid CDI kind, a device has no edits (the spec forbids
-    it; a runtime would reject the whole file), two device IDs map to the same CDI name, or the
-    result fails :mod:`cdiplug.cdi.validate` in any other way.
-    """
-    from .version import minimal_version
-
-    check_kind(kind)
-    devices: list[Device] = []
-    owners: dict[str, str] = {}
-    for d in snapshot.devices:
-        name = device_name(d.id)  # always a valid name; check_spec below checks it again
-        if name in owners:
-            raise CdiError(
-                f"resource {snapshot.resource}: devices {owners[name]!r} and {d.id!r} both map to CDI name {name!r}"
-            )
-        owners[name] = d.id
-        edits = container_edits(d.edits)
-        if edits.is_empty():
-            raise CdiError(
-                f"resource {snapshot.resource}: device {d.id!r} has no container edits; a CDI device needs at least one"
-            )
-        devices.append(Device(name=name, container_edits=edits))
-    draft = Spec(cdi_version="", kind=kind, devices=devices, container_edits=container_edits(snapshot.common_edits))
-    spec = attrs.evolve(draft, cdi_version=minimal_version(draft))
-    # Never hand out a spec a runtime would refuse (an env var without a name, a bad node type
-    # from a backend): check it as strictly as `cdiplug cdi validate` would.
-    from .validate import check_spec
-
-    problems = check_spec(spec, f"spec of {kind}")
-    if problems:
-        raise CdiError(f"resource {snapshot.resource}: " + "; ".join(f"{p.message} @ {p.path}" for p in problems))
-    return spec

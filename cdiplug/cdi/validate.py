@@ -28,11 +28,11 @@ import yaml
 from attrs import frozen
 
 from ..errors import CdiError
-from ..resource_names import is_dns_subdomain
+from ..names import is_dns_subdomain
 from . import spec as cdispec
 from . import version as cdiversion
 from .annotations import is_valid_name
-from .names import device_name_problem, kind_problem
+from ..names import device_name_problem, kind_problem
 
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 DEVICE_NODE_TYPES = ("b", "c", "u", "p")
@@ -298,7 +298,7 @@ def load_document(text: str, yaml_format: bool = False) -> Any:
     """Parse a spec file's text; raises CdiError (with the line) when it is not JSON/YAML."""
     if yaml_format:
         try:
-            return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a safe loader, see below)
+            return yaml.load(text, Loader=_StrictLoader)
         except yaml.YAMLError as exc:
             raise CdiError(f"not valid YAML: {exc}") from exc
     try:

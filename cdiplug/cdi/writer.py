@@ -24,8 +24,9 @@ from attrs import frozen
 from ..atomic import TEMP_SUFFIX, write_atomic
 from ..errors import CdiError
 from ..model import DeviceSnapshot
-from .names import spec_file_name
-from .spec import build_spec, to_json
+from .build import build_spec
+from ..names import spec_file_name
+from .spec import to_json
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -83,7 +84,7 @@ class SpecWriter:
         with self._lock:
             last = self._written.get(kind)
             stamp = _stat(path)
-            if last is not None and stamp == last.stamp and (snapshot is last.snapshot or snapshot == last.snapshot):
+            if last is not None and stamp == last.stamp and same_spec(last.snapshot, snapshot):
                 return False
             if not snapshot.devices:
                 self._written.pop(kind, None)
@@ -100,6 +101,19 @@ class SpecWriter:
             new_stamp = self._replace(path, content)
             self._written[kind] = _Written(snapshot, content, new_stamp)
             return True
+
+    def is_current(self, kind: str, snapshot: DeviceSnapshot) -> bool:
+        """Whether the file of ``kind`` is as we last wrote it and holds ``snapshot``'s spec.
+
+        One ``lstat``: the Allocate hot path asks this before anything else.
+        """
+        last = self._written.get(kind)
+        if last is None:
+            return False
+        try:
+            return _stat(self.path_for(kind)) == last.stamp and same_spec(last.snapshot, snapshot)
+        except CdiError:
+            return False
 
     def remove_stale(self, keep_kinds: Iterable[str]) -> list[Path]:
         """Remove cdiplug's own spec files (``cdiplug-*.json``) for kinds not in ``keep_kinds``.
@@ -138,6 +152,17 @@ class SpecWriter:
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
         return stamp
+
+
+def same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
+    """Whether the spec of ``new`` equals that of ``old``: it holds IDs and edits, not health."""
+    if old is None:
+        return False
+    if old is new:
+        return True
+    if old.common_edits != new.common_edits or len(old.devices) != len(new.devices):
+        return False
+    return all(a is b or (a.id == b.id and a.edits == b.edits) for a, b in zip(old.devices, new.devices))
 
 
 def _stat(path: Path) -> _Stamp | None:

@@ -103,7 +103,7 @@ def list_devices(args: argparse.Namespace) -> int:
 
 def _read_specs(folder: Path) -> Iterator[tuple[Path, list[str] | str]]:
     """Each spec file of ``folder`` with its qualified device names, or why they cannot be read."""
-    from ..cdi.names import qualified_name_problem
+    from ..names import qualified_name_problem
     from ..cdi.validate import load_document
 
     try:

@@ -10,7 +10,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from backends.fake import plugin as fake_plugin
+from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug import backend as backend_module
 from cdiplug.backend import (
     ENTRY_POINT_GROUP,
@@ -41,7 +41,7 @@ def test_installed_plugins_are_found_through_entry_points():
 
 def test_plugins_are_imported_only_when_asked_for(monkeypatch):
     never = EntryPoint(name="never", value="cdiplug_no_such_module:plugin", group=ENTRY_POINT_GROUP)
-    real = EntryPoint(name="fake", value="backends.fake:plugin", group=ENTRY_POINT_GROUP)
+    real = EntryPoint(name="fake", value="cdiplug_backends.fake:plugin", group=ENTRY_POINT_GROUP)
     monkeypatch.setattr(backend_module, "entry_points", lambda group: [never, real] if group == ENTRY_POINT_GROUP else [])
     plugins = load_plugins()
     assert list(plugins) == ["fake", "never"]  # listing imports nothing

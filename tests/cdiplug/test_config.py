@@ -19,11 +19,11 @@ from cdiplug.backend import ENTRY_POINT_GROUP, BackendPlugin, PluginRegistry
 from cdiplug.config import (
     DEFAULT_CONFIG_YAML,
     Config,
-    ResourceConfig,
-    group_by_backend,
     load_config,
     parse_config,
 )
+from cdiplug.host import group_by_backend
+from cdiplug.resource import ResourceConfig
 from cdiplug.errors import BackendNotFound, ConfigError
 from cdiplug.model import DEFAULT_ALLOCATE, AllocatePart
 
@@ -95,7 +95,7 @@ ERRORS = [
     ("resources:\n  - {name: 5, backend: fake}\n", "expected a string, got int 5", "$.resources[0].name"),
     (
         "resources:\n" + R + "    replica: 2\n",
-        "unknown key 'replica' (allowed: name, backend, options, cdi_kind, allocate, replicas)",
+        "unknown key 'replica' (allowed: name, backend, options, cdi_kind, allocate, replicas, api, dra_driver)",
         "$.resources[0]",
     ),
     ("resources:\n  - {name: fpga, backend: fake}\n", "resource name 'fpga' needs a domain prefix, as in example.com/fpga", "$.resources[0].name"),

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from attrs import frozen
 
-from backends.fake import plugin as fake_plugin
+from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import load_config, parse_config
 from cdiplug.discovery import discover_once

@@ -31,7 +31,7 @@ def restore_root() -> Iterator[None]:
 def test_json_lines(restore_root: None) -> None:
     out = io.StringIO()
     setup_logging("json", stream=out)
-    log = logging.getLogger("cdiplug.manager")
+    log = logging.getLogger("cdiplug.deviceplugin.frontend")
     log.info("allocated %s", "fpga-0", extra={"resource": "example.com/fpga", "device": "fpga-0"})
     log.warning("no context here")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
@@ -39,7 +39,7 @@ def test_json_lines(restore_root: None) -> None:
     assert first == {
         "time": first["time"],
         "level": "INFO",
-        "logger": "cdiplug.manager",
+        "logger": "cdiplug.deviceplugin.frontend",
         "message": "allocated fpga-0",
         "resource": "example.com/fpga",
         "device": "fpga-0",
@@ -64,11 +64,11 @@ def test_json_carries_the_traceback_on_one_line(restore_root: None) -> None:
 def test_text_lines(restore_root: None) -> None:
     out = io.StringIO()
     setup_logging("text", level="DEBUG", stream=out)
-    logging.getLogger("cdiplug.server").debug("stream opened", extra={"resource": "example.com/fpga"})
-    logging.getLogger("cdiplug.allocator").info("prepared", extra={"resource": "example.com/nic", "device": "0000:3b:00.1"})
+    logging.getLogger("cdiplug.deviceplugin.server").debug("stream opened", extra={"resource": "example.com/fpga"})
+    logging.getLogger("cdiplug.deviceplugin.allocator").info("prepared", extra={"resource": "example.com/nic", "device": "0000:3b:00.1"})
     first, second = out.getvalue().splitlines()
-    assert re.fullmatch(r"\S+Z DEBUG cdiplug\.server \[example\.com/fpga\]: stream opened", first)
-    assert second.endswith("INFO cdiplug.allocator [example.com/nic 0000:3b:00.1]: prepared")
+    assert re.fullmatch(r"\S+Z DEBUG cdiplug\.deviceplugin\.server \[example\.com/fpga\]: stream opened", first)
+    assert second.endswith("INFO cdiplug.deviceplugin.allocator [example.com/nic 0000:3b:00.1]: prepared")
 
 
 def test_setting_up_twice_does_not_double_lines(restore_root: None) -> None:

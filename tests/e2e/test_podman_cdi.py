@@ -31,7 +31,7 @@ from attrs import frozen
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from backends.fake import plugin as fake_plugin
+from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.version import parse

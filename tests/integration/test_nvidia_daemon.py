@@ -1,6 +1,6 @@
 """The NVIDIA backend through the real daemon and real gRPC over unix sockets, with the kubelet stand-in.
 
-The daemon (``cdiplug.daemon.serve``) runs in the test's event loop with ``World(nvml=FakeNvml)``
+The daemon (``cdiplug.daemon.serve``) runs in the test's event loop with the NVIDIA plugin handed a ``FakeNvml``
 on the 2x4 NVLink-pair machine, next to a fake-backend resource. Covers: GPUs registered with
 their NUMA nodes; a 4-GPU pod gets the NVLink-best set with CDI names, device nodes and
 NVIDIA_VISIBLE_DEVICES; an XID reaches ListAndWatch as Unhealthy and the GPU comes back after
@@ -25,7 +25,11 @@ import attrs
 import pytest
 import yaml
 
+from typing import Any
+
+from cdiplug.backend import BackendPlugin, load_plugins
 from cdiplug.config import Config, parse_config
+from cdiplug_backends.nvidia import make_plugin
 from cdiplug.errors import BackendInitError
 from cdiplug.testing import FakeNvml, KubeletStandIn
 from cdiplug.testing import nvml as fake_module
@@ -62,15 +66,21 @@ def fake() -> FakeNvml:
 def gpu_world(world: World, fake: FakeNvml) -> World:
     fake.write_sysfs(world.sysfs_root)
     fake.write_dev(world.dev_root)
-    return attrs.evolve(world, nvml=fake)
+    return world
+
+
+def plugins(fake: FakeNvml) -> dict[str, BackendPlugin[Any]]:
+    """The installed plugins, the NVIDIA one handed the fake NVML."""
+    registry = load_plugins()
+    return {**{name: registry[name] for name in registry}, "nvidia": make_plugin(nvml=fake)}
 
 
 @contextlib.asynccontextmanager
-async def daemon(config: Config, world: World) -> AsyncIterator[asyncio.Task[int]]:
+async def daemon(config: Config, world: World, fake: FakeNvml) -> AsyncIterator[asyncio.Task[int]]:
     from cdiplug.daemon import serve
 
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, world, stop=stop), name="daemon under test")
+    task = asyncio.create_task(serve(config, world, plugins=plugins(fake), stop=stop), name="daemon under test")
     try:
         yield task
     finally:
@@ -80,8 +90,8 @@ async def daemon(config: Config, world: World) -> AsyncIterator[asyncio.Task[int
 
 
 @contextlib.asynccontextmanager
-async def node(config: Config, world: World) -> AsyncIterator[KubeletStandIn]:
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon(config, world):
+async def node(config: Config, world: World, fake: FakeNvml) -> AsyncIterator[KubeletStandIn]:
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon(config, world, fake):
         for resource in (GPU, FPGA):
             await kubelet.wait_registered(resource, timeout=10)
         yield kubelet
@@ -89,7 +99,7 @@ async def node(config: Config, world: World) -> AsyncIterator[KubeletStandIn]:
 
 async def test_a_4_gpu_pod_gets_the_nvlink_best_set(gpu_world: World, fake: FakeNvml) -> None:
     uuids = [g.uuid for g in fake.gpus]
-    async with node(make_config(), gpu_world) as kubelet:
+    async with node(make_config(), gpu_world, fake) as kubelet:
         await kubelet.wait_until(lambda: kubelet.capacity(GPU) == 8, timeout=5, what="8 GPUs listed")
         assert {d.id: d.numa_nodes for d in kubelet.devices(GPU)} == {u: ((0,) if i < 4 else (1,)) for i, u in enumerate(uuids)}
         # Take GPU 0 first, so the best 4 are not simply the first IDs.
@@ -113,7 +123,7 @@ async def test_a_4_gpu_pod_gets_the_nvlink_best_set(gpu_world: World, fake: Fake
 
 async def test_an_xid_reaches_list_and_watch_and_the_gpu_recovers(gpu_world: World, fake: FakeNvml) -> None:
     sick = fake.gpus[5].uuid
-    async with node(make_config(), gpu_world) as kubelet:
+    async with node(make_config(), gpu_world, fake) as kubelet:
         await kubelet.wait_until(lambda: kubelet.allocatable(GPU) == 8, timeout=5, what="8 healthy GPUs")
         assert await asyncio.to_thread(fake.wait_registered)
         fake.fail_probe(sick)
@@ -133,7 +143,7 @@ async def test_replicas_share_health_and_follow_the_strategy(gpu_world: World, f
     config = make_config(replica_strategy=strategy)
     config = attrs.evolve(config, resources=(attrs.evolve(config.resources[0], replicas=2), config.resources[1]))
     uuids = [g.uuid for g in fake.gpus]
-    async with node(config, gpu_world) as kubelet:
+    async with node(config, gpu_world, fake) as kubelet:
         await kubelet.wait_until(lambda: kubelet.capacity(GPU) == 16, timeout=5, what="16 replicas listed")
         assert {d.id for d in kubelet.devices(GPU)} == {f"{u}::{i}" for u in uuids for i in range(2)}
         pod = await kubelet.admit_pod("shared", {GPU: 2})
@@ -149,7 +159,7 @@ async def test_replicas_share_health_and_follow_the_strategy(gpu_world: World, f
 
 async def test_without_nvml_the_other_resource_keeps_serving(gpu_world: World, fake: FakeNvml) -> None:
     fake.fail_init(fake_module.NVML_ERROR_LIBRARY_NOT_FOUND)
-    async with node(make_config(), gpu_world) as kubelet:
+    async with node(make_config(), gpu_world, fake) as kubelet:
         await kubelet.wait_until(lambda: kubelet.capacity(FPGA) == 2, timeout=5, what="the FPGAs listed")
         assert kubelet.capacity(GPU) == 0
         assert (await kubelet.admit_pod("fpga", {FPGA: 2})).admitted
@@ -161,7 +171,7 @@ async def test_fail_on_init_error_stops_the_daemon(gpu_world: World, fake: FakeN
 
     fake.fail_init(fake_module.NVML_ERROR_DRIVER_NOT_LOADED)
     with pytest.raises(BackendInitError, match="fail_on_init_error"):
-        await asyncio.wait_for(serve(make_config(fail_on_init_error=True), gpu_world, stop=asyncio.Event()), 10)
+        await asyncio.wait_for(serve(make_config(fail_on_init_error=True), gpu_world, plugins=plugins(fake), stop=asyncio.Event()), 10)
     assert list(gpu_world.kubelet_dir.glob("*.sock")) == []  # stopped cleanly: our sockets are gone
 
 

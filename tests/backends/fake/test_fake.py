@@ -1,4 +1,4 @@
-"""The fake backend (backends.fake): IDs, env, NUMA spread, options errors and the health file.
+"""The fake backend (cdiplug_backends.fake): IDs, env, NUMA spread, options errors and the health file.
 
 Health-file tests run the backend for real against files in a temporary folder, watched through
 the real inotify FolderWatch; each change is awaited as the next published snapshot, with a
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.fake import FakeBackend, plugin
-from backends.fake.backend import read_health_file
+from cdiplug_backends.fake import FakeBackend, plugin
+from cdiplug_backends.fake.backend import read_health_file
 from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError
 from cdiplug.model import Health
@@ -79,7 +79,7 @@ class ErrorLogged(logging.Handler):
 @pytest.fixture
 def error_logged():
     handler = ErrorLogged()
-    logger = logging.getLogger("backends.fake.backend")
+    logger = logging.getLogger("cdiplug_backends.fake.backend")
     logger.addHandler(handler)
     try:
         yield handler

@@ -11,8 +11,9 @@ from typing import Any
 import attrs
 import pytest
 
-from backends.nvidia.backend import NvidiaBackend
-from cdiplug.config import ResourceConfig, parse_config
+from cdiplug_backends.nvidia.backend import NvidiaBackend
+from cdiplug.config import parse_config
+from cdiplug.resource import ResourceConfig
 from cdiplug.testing import FakeNvml
 from cdiplug.testing.sink import RecordingSink
 from cdiplug.testing.sink import running as run_backend
@@ -24,11 +25,18 @@ def resources(*entries: dict[str, Any]) -> tuple[ResourceConfig, ...]:
     return parse_config({"resources": [{"backend": "nvidia", **e} for e in entries]}).resources
 
 
-def machine(world: World, fake: FakeNvml) -> World:
+@attrs.frozen
+class GpuWorld(World):
+    """A World and the fake NVML the backend under test is handed (the core's World has no NVML)."""
+
+    nvml: Any = attrs.field(default=None, eq=False)
+
+
+def machine(world: World, fake: FakeNvml) -> GpuWorld:
     """``world`` with the fake's sysfs ``numa_node`` files and ``/dev/nvidia*`` nodes laid out."""
     fake.write_sysfs(world.sysfs_root)
     fake.write_dev(world.dev_root)
-    return attrs.evolve(world, nvml=fake)
+    return GpuWorld(**attrs.asdict(world, recurse=False), nvml=fake)
 
 
 def running(backend: NvidiaBackend, sink: RecordingSink, names: Sequence[str] | None = None) -> AbstractAsyncContextManager[asyncio.Task[None]]:
@@ -45,13 +53,14 @@ class Helpers:
     """The helpers above, as a fixture (test modules cannot import conftest under importlib mode)."""
 
     Sink = RecordingSink
+    GpuWorld = GpuWorld
     resources = staticmethod(resources)
     machine = staticmethod(machine)
     running = staticmethod(running)
 
     @staticmethod
     def backend(res: Sequence[ResourceConfig], world: World) -> NvidiaBackend:
-        return NvidiaBackend(res, world, event_wait_ms=20)
+        return NvidiaBackend(res, world, nvml=getattr(world, "nvml", None), event_wait_ms=20)
 
 
 @pytest.fixture

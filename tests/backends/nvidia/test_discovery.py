@@ -12,10 +12,10 @@ from pathlib import Path
 
 import attrs
 
-from backends.nvidia.discovery import IDS_ENV, assign, discover, numa_node
-from backends.nvidia.driver import driver_mounts
-from backends.nvidia.nvml import Nvml
-from backends.nvidia.options import NvidiaOptions
+from cdiplug_backends.nvidia.discovery import IDS_ENV, assign, discover, numa_node
+from cdiplug_backends.nvidia.driver import driver_mounts
+from cdiplug_backends.nvidia.nvml import Nvml
+from cdiplug_backends.nvidia.options import NvidiaOptions
 from cdiplug.model import DeviceNode, Health, Mount
 from cdiplug.testing import FakeNvml, SysfsTree
 from cdiplug.testing.nvml import FakeGpu
@@ -83,7 +83,7 @@ async def test_numa_from_a_sysfs_tree_laid_out_as_linux_does(world: World, nv, s
     for gpu, node in zip(fake.gpus, (1, 1, 0, -1), strict=True):
         tree.add_function(gpu.pci_bus_id, vendor=0x10DE, device=0x2236, class_code=0x030200, driver="nvidia", numa_node=node)
     fake.write_dev(world.dev_root)
-    async with nv.running(nv.backend(nv.resources({"name": "nvidia.com/gpu"}), attrs.evolve(world, nvml=fake)), sink):
+    async with nv.running(nv.backend(nv.resources({"name": "nvidia.com/gpu"}), nv.GpuWorld(**attrs.asdict(world, recurse=False), nvml=fake)), sink):
         snap = sink.latest["nvidia.com/gpu"]
     assert [d.numa_nodes for d in snap.devices] == [(1,), (1,), (0,), ()]
 
@@ -93,7 +93,7 @@ async def test_control_nodes_only_where_present_and_missing_gpu_node_is_unhealth
     fake.write_sysfs(world.sysfs_root)
     fake.write_dev(world.dev_root, control=("nvidiactl", "nvidia-uvm"))
     (world.dev_root / "dev/nvidia3").unlink()
-    w = attrs.evolve(world, nvml=fake)
+    w = nv.GpuWorld(**attrs.asdict(world, recurse=False), nvml=fake)
     async with nv.running(nv.backend(nv.resources({"name": "nvidia.com/gpu"}), w), sink):
         snap = sink.latest["nvidia.com/gpu"]
     assert [n.path for n in snap.common_edits.device_nodes] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]

@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from backends.nvidia.health import EventWatcher, HealthTracker, Verdict, classify
-from backends.nvidia.nvml import Nvml, NvmlEvent
+from cdiplug_backends.nvidia.health import EventWatcher, HealthTracker, Verdict, classify
+from cdiplug_backends.nvidia.nvml import Nvml, NvmlEvent
 from cdiplug.errors import BackendInitError
 from cdiplug.model import Health
 from cdiplug.testing import FakeNvml
@@ -56,7 +56,7 @@ def test_watcher_starts_and_stops_cleanly(world: World, nv) -> None:
     fake = FakeNvml.pcie_box()
     nvml = Nvml(fake)
     nvml.init()
-    from backends.nvidia.discovery import discover
+    from cdiplug_backends.nvidia.discovery import discover
 
     gpus = discover(nvml, nv.machine(world, fake)).gpus
     seen: list[NvmlEvent] = []

@@ -1,4 +1,4 @@
-"""The NVML seam (backends.nvidia.nvml) against FakeNvml, and FakeNvml against the real pynvml module.
+"""The NVML seam (cdiplug_backends.nvidia.nvml) against FakeNvml, and FakeNvml against the real pynvml module.
 
 Covers: FakeNvml's constants and function names match nvidia-ml-py's (so the fake cannot drift
 from what the seam calls on a real node); NVML errors become NvmlError/NvmlUnavailable raised
@@ -15,7 +15,7 @@ import inspect
 import pynvml
 import pytest
 
-from backends.nvidia.nvml import GpuInfo, Nvml, NvmlError, NvmlUnavailable, PcieLevel, normalize_bus_id
+from cdiplug_backends.nvidia.nvml import GpuInfo, Nvml, NvmlError, NvmlUnavailable, PcieLevel, normalize_bus_id
 from cdiplug.testing import FakeNvml
 from cdiplug.testing import nvml as fake_module
 from cdiplug.testing.nvml import FakeGpu, NVMLError

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from backends.nvidia.nvml import GpuInfo
-from backends.nvidia.options import DEFAULT_IGNORED_XIDS, GpuSelector, MemorySize, NvidiaOptions, ReplicaStrategy
+from cdiplug_backends.nvidia.nvml import GpuInfo
+from cdiplug_backends.nvidia.options import DEFAULT_IGNORED_XIDS, GpuSelector, MemorySize, NvidiaOptions, ReplicaStrategy
 from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.nvidia.cdi_kind import NVIDIA_OWNED_KINDS, clash_problem, default_cdi_kind
-from cdiplug.cdi.names import kind_problem
+from cdiplug_backends.nvidia.cdi_kind import NVIDIA_OWNED_KINDS, clash_problem, default_cdi_kind
+from cdiplug.names import kind_problem
 from cdiplug.cdi.spec import from_json
 from cdiplug.cdi.validate import check_document, load_document
 

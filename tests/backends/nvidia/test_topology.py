@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.nvidia import topology
-from backends.nvidia.discovery import discover
-from backends.nvidia.nvml import Nvml, PcieLevel
-from backends.nvidia.options import ReplicaStrategy
-from backends.nvidia.topology import PairLink, Topology, best_set, preferred, set_score
+from cdiplug_backends.nvidia import topology
+from cdiplug_backends.nvidia.discovery import discover
+from cdiplug_backends.nvidia.nvml import Nvml, PcieLevel
+from cdiplug_backends.nvidia.options import ReplicaStrategy
+from cdiplug_backends.nvidia.topology import PairLink, Topology, best_set, preferred, set_score
 from cdiplug.model import PreferredRequest
 from cdiplug.replicas import replica_id
 from cdiplug.testing import FakeNvml

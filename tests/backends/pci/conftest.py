@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from backends.pci import PciBackend, plugin
-from cdiplug.config import ResourceConfig, parse_config
+from cdiplug_backends.pci import PciBackend, plugin
+from cdiplug.config import parse_config
+from cdiplug.resource import ResourceConfig
 from cdiplug.testing.sink import RecordingSink
 from cdiplug.testing.sink import running as run_backend
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree

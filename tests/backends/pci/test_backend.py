@@ -1,4 +1,4 @@
-"""The PCI backend on the event loop (backends.pci.backend) over fake sysfs trees with the fake
+"""The PCI backend on the event loop (cdiplug_backends.pci.backend) over fake sysfs trees with the fake
 kernel: first snapshots, journal recovery at start (a half-done bind is finished only when what is
 left of it passes the safety checks, else rolled back), rescans on pyudev-like events (a fake monitor
 read through loop.add_reader) and on the fallback timer, prepare (whole group, safety refusals,
@@ -13,11 +13,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from backends.pci import PciBackend
-from backends.pci.journal import Journal
+from cdiplug_backends.pci import PciBackend
+from cdiplug_backends.pci.journal import Journal
 from cdiplug.backend import abilities_of
 from cdiplug.errors import DeviceInUse, PreparationError
 from cdiplug.testing.sysfs import FakeSysfsKernel, FakeUdevMonitor, SimulatedCrash, SysfsTree
+from cdiplug.host import Preparations
 from cdiplug.world import World
 
 from .conftest import add_nic_with_vfs, make_backend, running
@@ -91,8 +92,7 @@ async def test_recovery_at_start_checks_what_is_left_of_a_half_done_bind(
 async def test_udev_events_trigger_rescans_and_removal_is_immediate(world: World, tree: SysfsTree, kernel) -> None:
     add_nic_with_vfs(tree, vfs=1)
     monitor = FakeUdevMonitor()
-    world = attrs.evolve(world, udev_monitor=monitor)
-    backend = make_backend(world, [VFIO_VF], writer=kernel)
+    backend = make_backend(world, [VFIO_VF], writer=kernel, udev_monitor=monitor)
     try:
         async with running(backend) as sink:
             assert monitor.started
@@ -140,7 +140,8 @@ async def test_concurrent_and_repeated_prepares_bind_once(world: World, tree: Sy
 
 
 async def test_one_group_is_worked_on_once_at_a_time(world: World, tree: SysfsTree, kernel) -> None:
-    """Prepares of two functions of one group and a bind by address never interleave."""
+    """Prepares of two functions of one group, through the host's Preparations as every front end
+    prepares, never interleave: the group is bound once."""
     tree.add_function("0000:01:00.0", vendor=0x10DE, class_code=0x030200, driver="nouveau", iommu_group=7)
     tree.add_function("0000:01:00.1", vendor=0x10DE, class_code=0x040300, driver="snd_hda_intel", iommu_group=7)
     specs = [("example.com/gpu", {"selectors": [{"vendor": "0x10de"}], "vfio": True})]
@@ -163,12 +164,12 @@ async def test_one_group_is_worked_on_once_at_a_time(world: World, tree: SysfsTr
             active -= 1
 
     backend.binder.bind_group = counting
+    preparations = Preparations("pci", backend, backend)
     async with running(backend) as sink:
         gpu, audio = sink.latest["example.com/gpu"].devices
         await asyncio.gather(
-            backend.prepare("example.com/gpu", [gpu]),
-            backend.prepare("example.com/gpu", [audio]),
-            backend.bind_address("0000:01:00.1"),
+            preparations.prepare("example.com/gpu", [gpu]),
+            preparations.prepare("example.com/gpu", [audio]),
         )
     assert overlap and max(overlap) == 1
     assert len([w for w in kernel.writes if w[0] == "bus/pci/drivers_probe"]) == 2  # one bind of two functions
@@ -271,8 +272,7 @@ async def test_fake_kernel_udev_events_reach_the_backend(world: World, tree: Sys
     add_nic_with_vfs(tree, vfs=1)
     monitor = FakeUdevMonitor()
     kernel = FakeSysfsKernel(tree, udev=monitor)
-    world = attrs.evolve(world, udev_monitor=monitor)
-    backend = make_backend(world, [("example.com/vf", {"selectors": [{"pf": "ens1f0"}]})], writer=kernel)
+    backend = make_backend(world, [("example.com/vf", {"selectors": [{"pf": "ens1f0"}]})], writer=kernel, udev_monitor=monitor)
     try:
         async with running(backend) as sink:
             # Someone else binds the VF by hand: the bind event makes the backend look again.

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from backends.pci import PciBackend, PciOptions
+from cdiplug_backends.pci import PciBackend, PciOptions
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import parse_config
 from cdiplug.daemon import serve

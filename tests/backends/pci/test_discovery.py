@@ -1,4 +1,4 @@
-"""What each resource advertises (backends.pci.discovery) from fake sysfs trees: every selector
+"""What each resource advertises (cdiplug_backends.pci.discovery) from fake sysfs trees: every selector
 field, first resource wins, the IOMMU group rule (whole_group, other resources, bridges), denylist
 and force, SR-IOV PFs, functions without a group (noiommu), NUMA, device edits and the env name;
 plus option errors through the real config loader."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.pci.discovery import Recorded, ids_env, select_all, to_snapshot
-from backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.discovery import Recorded, ids_env, select_all, to_snapshot
+from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.errors import ConfigError
 from cdiplug.model import DeviceNode
 from cdiplug.testing.sysfs import SysfsTree

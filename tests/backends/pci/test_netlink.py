@@ -1,5 +1,5 @@
-"""Network checks through real netlink (pyroute2): in-use rules (backends.pci.safety) and link-state
-health (backends.pci.links) on veth and bridge interfaces in a network namespace each test creates
+"""Network checks through real netlink (pyroute2): in-use rules (cdiplug_backends.pci.safety) and link-state
+health (cdiplug_backends.pci.links) on veth and bridge interfaces in a network namespace each test creates
 and removes; the host's own interfaces are never touched. A fake sysfs tree names the same
 interfaces as a PCI function's netdevs, so the backend ties them to devices as it does on a node."""
 
@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 from pyroute2 import AsyncIPRoute, netns
 
-from backends.pci.safety import NetUse, SafetyChecker, net_use
-from backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.safety import NetUse, SafetyChecker, net_use
+from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.model import Health
 from cdiplug.testing.sysfs import SysfsTree
 from cdiplug.world import World

@@ -10,7 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.world import World
 
 from .conftest import make_backend, running

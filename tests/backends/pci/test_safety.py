@@ -1,4 +1,4 @@
-"""In-use checks (backends.pci.safety) that need no netlink: mounted, swapped and held block devices
+"""In-use checks (cdiplug_backends.pci.safety) that need no netlink: mounted, swapped and held block devices
 below a function (fake sysfs tree plus mountinfo/swaps files written by the test), the denylist,
 and processes holding a /dev/vfio node open (a fake proc tree, and this very process for real)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.pci.safety import FunctionInUse, SafetyChecker, _mounted_devices
-from backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.safety import FunctionInUse, SafetyChecker, _mounted_devices
+from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.errors import DeviceInUse
 from cdiplug.testing.sysfs import SysfsTree
 

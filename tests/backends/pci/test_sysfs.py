@@ -1,4 +1,4 @@
-"""Reading PCI functions (backends.pci.sysfs) from fake trees built with cdiplug.testing.SysfsTree:
+"""Reading PCI functions (cdiplug_backends.pci.sysfs) from fake trees built with cdiplug.testing.SysfsTree:
 IDs, class, driver, IOMMU groups and members, NUMA (-1 is none), SR-IOV links, netdevs, block
 devices, vanished functions, address checks, and the fake kernel's reactions to writes."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from backends.pci.sysfs import PciSysfs, check_address, check_driver, check_group
+from cdiplug_backends.pci.sysfs import PciSysfs, check_address, check_driver, check_group
 from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
 
 from .conftest import add_nic_with_vfs

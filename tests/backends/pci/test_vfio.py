@@ -1,4 +1,4 @@
-"""Binding to vfio-pci and back (backends.pci.vfio) against a fake sysfs tree whose kernel side is
+"""Binding to vfio-pci and back (cdiplug_backends.pci.vfio) against a fake sysfs tree whose kernel side is
 cdiplug.testing.FakeSysfsKernel: the exact write sequence (never new_id), idempotence, rollback on
 errors, restoring the recorded driver, and journal recovery after a crash (SimulatedCrash) at every
 step of a bind and of a restore (a half-done bind whose remaining functions an in-use check refuses
@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from backends.pci.journal import Journal, JournalEntry, Op, PlannedFunction, Step
-from backends.pci.safety import FunctionInUse
-from backends.pci.sysfs import PciSysfs
-from backends.pci.vfio import VfioBinder, VfioError
+from cdiplug_backends.pci.journal import Journal, JournalEntry, Op, PlannedFunction, Step
+from cdiplug_backends.pci.safety import FunctionInUse
+from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.vfio import VfioBinder, VfioError
 from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
 from cdiplug.world import World
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdiplug.cdi.names import device_name
+from cdiplug.names import device_name
+from cdiplug.cdi.build import build_spec
 from cdiplug.cdi.spec import (
     ContainerEdits,
     Device,
@@ -20,7 +21,6 @@ from cdiplug.cdi.spec import (
     Mount,
     NetDevice,
     Spec,
-    build_spec,
     from_dict,
     from_json,
     to_dict,

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from backends.pci import vfio as vfio_module
-from backends.pci.journal import Journal
+from cdiplug_backends.pci import vfio as vfio_module
+from cdiplug_backends.pci.journal import Journal
 from cdiplug.cli import main
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug.world import World

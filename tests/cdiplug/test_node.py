@@ -1,6 +1,6 @@
-"""cdiplug.manager: backends, allocators and servers of every resource, through the kubelet lifecycle.
+"""cdiplug.node: the backend host and the device-plugin front end over it, through the kubelet lifecycle.
 
-The manager runs for real (real grpc.aio servers on unix sockets in a short temporary folder, the
+The node runs for real (real grpc.aio servers on unix sockets in a short temporary folder, the
 real allocator, CDI writer and Metrics with its own registry) against the kubelet stand-in of
 ``cdiplug.testing``. The backends are a scripted one defined here (a test says when it publishes
 what) and, for the pre-start ability, a subclass of it. Covers: one backend per plugin; serving
@@ -21,11 +21,12 @@ import pytest
 from attrs import frozen
 from prometheus_client import CollectorRegistry
 
-from backends.fake import plugin as fake_plugin
+from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin, PluginRegistry, SnapshotSink
-from cdiplug.config import Config, ResourceConfig, parse_config
+from cdiplug.config import Config, parse_config
+from cdiplug.resource import ResourceConfig
 from cdiplug.errors import BackendInitError
-from cdiplug.manager import Manager
+from cdiplug.node import Node
 from cdiplug.metrics import Metrics
 from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
 from cdiplug.supervisor import Supervisor
@@ -118,7 +119,7 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 class Running:
-    def __init__(self, manager: Manager, kubelet: KubeletStandIn, supervisor: Supervisor, world: World, plugins: PluginRegistry) -> None:
+    def __init__(self, manager: Node, kubelet: KubeletStandIn, supervisor: Supervisor, world: World, plugins: PluginRegistry) -> None:
         self.manager, self.kubelet, self.supervisor, self.world, self.plugins = manager, kubelet, supervisor, world, plugins
 
     def registrations(self, resource: str) -> int:
@@ -132,7 +133,7 @@ class Running:
 
 async def start(world: World, plugins: PluginRegistry, config: Config, registry: CollectorRegistry) -> AsyncIterator[Running]:
     supervisor = Supervisor()
-    manager = Manager(config, world, supervisor, plugins=plugins, metrics=Metrics(registry=registry))
+    manager = Node(config, world, supervisor, plugins=plugins, recorder=Metrics(registry=registry))
     async with KubeletStandIn(world.kubelet_dir) as kubelet:
         await manager.start()
         try:

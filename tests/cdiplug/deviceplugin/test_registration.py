@@ -1,4 +1,4 @@
-"""cdiplug.registration: the Register call to the kubelet and waiting for a missing or silent one.
+"""cdiplug.deviceplugin.registration: the Register call to the kubelet and waiting for a missing or silent one.
 
 Real gRPC over unix sockets in a short temporary folder: the kubelet side is a minimal Registration
 servicer defined here that records requests or refuses them, and a plain listening socket that
@@ -20,7 +20,7 @@ import pytest
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from cdiplug.errors import KubeletError
-from cdiplug.registration import KubeletNotReady, Registration, register, register_once
+from cdiplug.deviceplugin.registration import KubeletNotReady, Registration, register, register_once
 
 REG = Registration(resource_name="example.com/fpga", endpoint="example.com-fpga.sock", pre_start_required=True)
 
@@ -108,7 +108,7 @@ async def test_refusal_is_a_kubelet_error_with_the_reason(short_tmp: Path) -> No
 
 
 async def test_register_waits_for_a_kubelet_that_comes_later(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="cdiplug.registration")
+    caplog.set_level(logging.INFO, logger="cdiplug.deviceplugin.registration")
     task = asyncio.create_task(register(short_tmp / "kubelet.sock", REG, initial_backoff=0.01, max_backoff=0.05))
     # Let it fail a few times against the missing socket; it must neither raise nor finish.
     await asyncio.sleep(0.2)
@@ -163,7 +163,7 @@ async def test_backoff_is_capped(short_tmp: Path, monkeypatch: pytest.MonkeyPatc
             raise asyncio.CancelledError
         await real_sleep(0)
 
-    monkeypatch.setattr("cdiplug.registration.asyncio.sleep", recording_sleep)
+    monkeypatch.setattr("cdiplug.deviceplugin.registration.asyncio.sleep", recording_sleep)
     with pytest.raises(asyncio.CancelledError):
         await register(short_tmp / "kubelet.sock", REG, initial_backoff=0.05, max_backoff=2.0)
     assert 0.04 <= sleeps[0] <= 0.06  # starts at about 50 ms (with jitter)

@@ -26,7 +26,7 @@ from typing import Self
 
 from attrs import frozen
 
-from .filewatch import FOLDER, FolderWatch
+from ..filewatch import FOLDER, FolderWatch
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 name, the resource name and its options) with a short deadline and maps gRPC errors to
 :class:`~cdiplug.errors.KubeletError`. :func:`register` repeats it until the kubelet accepts: a
 missing or silent kubelet is a wait with backoff (from about 50 ms up to about 2 s) and a log
-line, never a crash. A kubelet restart is noticed elsewhere (``cdiplug.kubelet_watch``), which
+line, never a crash. A kubelet restart is noticed elsewhere (``cdiplug.deviceplugin.kubelet_watch``), which
 cancels a waiting :func:`register` and starts a fresh one, so the backoff cap bounds only how
 long a silent kubelet goes unnoticed.
 
@@ -24,9 +24,9 @@ import grpc
 import grpc.aio
 from attrs import frozen
 
-from .api import deviceplugin_v1beta1_pb2 as pb
-from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from .errors import KubeletError
+from ..api import deviceplugin_v1beta1_pb2 as pb
+from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from ..errors import KubeletError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""One served resource's snapshot pipeline (cdiplug.served_resource): coalescing, order, reload.
+"""One served resource's snapshot pipeline (cdiplug.deviceplugin.resource): coalescing, order, reload.
 
 Runs the real Allocator, the real CDI SpecWriter in a temporary folder (wrapped to record what the
 server had published when each write came) and a real ResourceServer that is not started (publish
@@ -13,13 +13,15 @@ from typing import Any
 
 import attrs
 
-from cdiplug.allocator import Allocator
+from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.backend import Abilities
 from cdiplug.cdi.writer import SpecWriter
-from cdiplug.config import ResourceConfig
+from cdiplug.resource import ResourceConfig
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
-from cdiplug.served_resource import ServedResource, same_spec
-from cdiplug.server import ResourceServer
+from cdiplug.cdi.writer import same_spec
+from cdiplug.deviceplugin.resource import ServedResource
+from cdiplug.host import SpecKeeper
+from cdiplug.deviceplugin.server import ResourceServer
 from cdiplug.world import World
 
 RESOURCE = "example.com/fpga"
@@ -63,7 +65,8 @@ def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWr
     writer = RecordingWriter(world, holder)
     holder.append(ResourceServer(rc.name, rc.socket_name, world.kubelet_dir, allocator))
     metrics = RecordingMetrics()
-    return ServedResource(rc, allocator, holder[0], writer, metrics), writer, metrics  # type: ignore[arg-type]
+    keeper = SpecKeeper(writer, rc.cdi_kind)
+    return ServedResource(rc, allocator, holder[0], keeper, metrics), writer, metrics  # type: ignore[arg-type]
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 2.0) -> None:
@@ -115,8 +118,10 @@ async def test_new_devices_are_written_before_publishing_health_after(world: Wor
         await until(lambda: res.server.advertised == snapshot("a"), "published")
         assert writer.seen_at_write == [None]  # the spec was on disk before the kubelet heard
         res.offer(snapshot("a", unhealthy=("a",)))
-        await until(lambda: len(writer.seen_at_write) == 2, "written again")
-        assert writer.seen_at_write[1] == snapshot("a", unhealthy=("a",))  # the kubelet heard first
+        await until(lambda: res.server.advertised == snapshot("a", unhealthy=("a",)), "health published")
+        await taken(res)
+        # Health is no part of the spec: the kubelet heard, and the file was not even looked at again.
+        assert len(writer.seen_at_write) == 1
         assert metrics.calls[-1] == (RESOURCE, 0, 1)
     finally:
         task.cancel()
@@ -130,7 +135,7 @@ async def test_replace_allocator_reapplies_the_last_snapshot_under_the_new_confi
         await until(lambda: res.server.advertised == snapshot("a"), "published")
         rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=2)
         new = Allocator(rc, Abilities())
-        assert res.replace_allocator(rc, new) is False  # pre-start did not change
+        assert res.replace_allocator(rc, new, res.spec) is False  # pre-start did not change
         assert res.server.allocator is new and new.snapshot == snapshot("a")
         await until(lambda: res.server.advertised is not None and res.server.advertised.ids == ("a::0", "a::1"), "replicas published")
     finally:

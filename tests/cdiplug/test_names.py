@@ -1,4 +1,4 @@
-"""Extended resource names as the kubelet checks them (cdiplug.resource_names), pure functions.
+"""Extended resource names as the kubelet checks them (cdiplug.names), pure functions.
 
 The expectations follow the kubelet's IsExtendedResourceName: not native (no '/' or containing
 'kubernetes.io/'), no 'requests.' prefix, and a qualified name once prefixed with 'requests.'.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdiplug.resource_names import extended_resource_problem, is_dns_subdomain, resource_class, socket_name
+from cdiplug.names import extended_resource_problem, is_dns_subdomain, resource_class, socket_name
 
 GOOD = [
     "example.com/fpga",

@@ -1,4 +1,4 @@
-"""CDI names (``cdiplug.cdi.names``): kinds, device names, qualified names, the mapping of IDs that
+"""CDI names (``cdiplug.names``): kinds, device names, qualified names, the mapping of IDs that
 are not valid names, and spec file names. Pure functions, checked against the CDI naming rules
 with examples and hypothesis."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdiplug.cdi.names import (
+from cdiplug.names import (
     check_kind,
     device_name,
     device_name_problem,

@@ -1,4 +1,4 @@
-"""The core GetPreferredAllocation policy (cdiplug.preferred), pure functions against hand-built snapshots.
+"""The core GetPreferredAllocation policy (cdiplug.deviceplugin.preferred), pure functions against hand-built snapshots.
 
 Unit cases pin each rule (must_include, NUMA span, packing, affinity, replica spread, lowest IDs,
 odd requests); hypothesis property tests compare every answer with a brute-force optimum over all
@@ -15,9 +15,9 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdiplug import preferred as policy
+from cdiplug.deviceplugin import preferred as policy
 from cdiplug.model import Device, DeviceSnapshot, PreferredRequest
-from cdiplug.preferred import preferred_allocation
+from cdiplug.deviceplugin.preferred import preferred_allocation
 from cdiplug.replicas import expand, underlying
 
 RESOURCE = "example.com/dev"

@@ -8,11 +8,11 @@ runs as root, talks to it). It turns what the core hands it into protobuf and ba
   each stream has a queue holding only the latest list, so a slow reader gets the newest state,
   never a backlog. The first message of a stream is the current list.
 - Allocate, GetPreferredAllocation and PreStartContainer delegate to the resource's allocator
-  (``cdiplug.allocator.Allocator``) and convert its :class:`ContainerAllocation` answers.
+  (``cdiplug.deviceplugin.allocator.Allocator``) and convert its :class:`ContainerAllocation` answers.
 - Our exceptions become gRPC status codes here and nowhere else (:func:`status_for`).
 
 The boundary: this module knows protobuf and sockets, not backends, CDI files or the kubelet's
-registration (``cdiplug.registration``), nor when to (re)start (``cdiplug.manager``).
+registration (``cdiplug.deviceplugin.registration``), nor when to (re)start (``cdiplug.deviceplugin.frontend``).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from .api import deviceplugin_v1beta1_pb2 as pb
-from .api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from .errors import (
+from ..api import deviceplugin_v1beta1_pb2 as pb
+from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from ..errors import (
     CdiplugError,
     DeviceUnavailable,
     InvalidRequest,
     PreparationError,
     SocketInUse,
 )
-from .model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
+from ..model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ _temp_names = itertools.count()  # unique temporary socket names within this pro
 
 
 class AllocatorLike(Protocol):
-    """What the server needs of ``cdiplug.allocator.Allocator``."""
+    """What the server needs of ``cdiplug.deviceplugin.allocator.Allocator``."""
 
     @property
     def pre_start_required(self) -> bool: ...

@@ -1,4 +1,4 @@
-"""cdiplug.server: the DevicePlugin gRPC edge of one resource.
+"""cdiplug.deviceplugin.server: the DevicePlugin gRPC edge of one resource.
 
 Real gRPC over a unix socket in a short temporary folder, a real grpc.aio client; the allocator is a
 small scripted fake defined here, so that these tests cover the edge alone: socket handling (stale
@@ -38,7 +38,7 @@ from cdiplug.model import (
     Mount,
     PreferredRequest,
 )
-from cdiplug.server import ResourceServer
+from cdiplug.deviceplugin.server import ResourceServer
 
 RESOURCE = "example.com/fpga"
 SOCKET = "example.com-fpga.sock"

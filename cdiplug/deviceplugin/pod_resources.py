@@ -3,7 +3,7 @@
 The kubelet serves ``v1.PodResourcesLister`` on a unix socket (by default
 ``/var/lib/kubelet/pod-resources/kubelet.sock``). :func:`list_allocated` calls ``List`` and folds
 the answer into an :class:`AllocatedDevices` value: resource name -> the device IDs some container
-of some pod holds. Like ``cdiplug.server`` this is a gRPC edge: protobuf and gRPC errors stay
+of some pod holds. Like ``cdiplug.deviceplugin.server`` this is a gRPC edge: protobuf and gRPC errors stay
 here; a failure is a :class:`~cdiplug.errors.KubeletError` naming the socket.
 
 Device IDs are reported as the kubelet knows them, so with ``replicas`` they are the advertised
@@ -20,10 +20,10 @@ import grpc
 import grpc.aio
 from attrs import field, frozen
 
-from .api import podresources_v1_pb2 as pb
-from .api import podresources_v1_pb2_grpc as pb_grpc
-from .errors import KubeletError
-from .replicas import underlying
+from ..api import podresources_v1_pb2 as pb
+from ..api import podresources_v1_pb2_grpc as pb_grpc
+from ..errors import KubeletError
+from ..replicas import underlying
 
 DEFAULT_TIMEOUT = 5.0
 _MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's own limit for this API

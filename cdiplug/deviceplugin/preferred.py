@@ -48,7 +48,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from math import comb
 
-from .model import DeviceSnapshot, PreferredRequest
+from ..model import DeviceSnapshot, PreferredRequest
 
 UNKNOWN_NODE = -1  # the one "node" every device without NUMA information is on
 NODE_SET_LIMIT = 4096

@@ -1,4 +1,4 @@
-"""cdiplug.kubelet_watch: kubelet restarts seen in the kubelet folder.
+"""cdiplug.deviceplugin.kubelet_watch: kubelet restarts seen in the kubelet folder.
 
 Real inotify on a short temporary folder, real unix sockets bound there for ``kubelet.sock`` and
 ours. Covers: a new kubelet.sock (first one, replaced one, same inode number reused), our socket
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug.kubelet_watch import KubeletEvent, KubeletWatch
+from cdiplug.deviceplugin.kubelet_watch import KubeletEvent, KubeletWatch
 
 OURS = "example.com-fpga.sock"
 

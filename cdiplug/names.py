@@ -1,10 +1,18 @@
-"""CDI names: kinds (``vendor/class``), device names and qualified names, by the CDI rules.
+"""Names as Kubernetes and CDI check them: extended resources, DNS subdomains, CDI kinds and devices.
 
-Vendor and class start with a letter and end with a letter or digit, with letters, digits and
+Extended resources: the kubelet's device manager accepts a resource only if
+``IsExtendedResourceName`` holds: a qualified name with a domain prefix, not in the
+``kubernetes.io`` domain, and still a qualified name once prefixed with ``requests.``.
+
+CDI: vendor and class start with a letter and end with a letter or digit, with letters, digits and
 ``_ - .`` inside; cdiplug also wants two characters at least, because the CDI library of podman 4.3
-and containerd 1.7 panics on a one-character vendor or class. Device names start and end with a letter or digit, with ``_ - . :`` inside.
-Device IDs that are not valid names are mapped to one deterministically (:func:`device_name`), so
-a name never carries a ``/`` or ``..`` that could leave the CDI folder.
+and containerd 1.7 panics on a one-character vendor or class. Device names start and end with a
+letter or digit, with ``_ - . :`` inside. Device IDs that are not valid names are mapped to one
+deterministically (:func:`device_name`), so a name never carries a ``/`` or ``..`` that could leave
+the CDI folder.
+
+Pure string rules, at the bottom of the layers: the configuration, the CDI writer and the front
+ends all check names here.
 """
 
 from __future__ import annotations
@@ -12,7 +20,53 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..errors import CdiNameError
+from .errors import CdiNameError
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# Used with fullmatch: Go's "$" matches only at the very end, Python's also before a final newline.
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """A DNS-1123 subdomain as Kubernetes checks it (node names, name prefixes): at most 253
+    characters of dot-separated lower-case labels."""
+    return len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+
+
+def extended_resource_problem(name: str) -> str | None:
+    """Why the kubelet would refuse ``name`` as an extended resource, or None when it is fine."""
+    if "/" not in name:
+        return f"resource name {name!r} needs a domain prefix, as in example.com/{name}"
+    prefix, _, rest = name.partition("/")
+    if "/" in rest:
+        return f"resource name {name!r} has more than one '/'"
+    # The kubelet's IsPrefixedNativeResource: any name containing "kubernetes.io/" is native.
+    if "kubernetes.io/" in name:
+        return f"resource name {name!r} is in the kubernetes.io domain, which is reserved for native resources"
+    if name.startswith("requests."):
+        return f"resource name {name!r} must not start with 'requests.'"
+    if not is_dns_subdomain(prefix):
+        return f"resource name {name!r}: prefix {prefix!r} is not a DNS-1123 subdomain (lower case, digits, '-', '.')"
+    # The kubelet also checks "requests." + name, whose prefix then is "requests.<prefix>".
+    if len("requests." + prefix) > 253:
+        return f"resource name {name!r}: prefix is too long"
+    if not rest or len(rest) > 63 or not _QUALIFIED_NAME_PART.fullmatch(rest):
+        return (
+            f"resource name {name!r}: {rest!r} must be at most 63 characters of letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit"
+        )
+    return None
+
+
+def socket_name(resource: str) -> str:
+    """``example.com/fpga`` -> ``example.com-fpga.sock`` (DESIGN.md contract)."""
+    return resource.replace("/", "-") + ".sock"
+
+
+def resource_class(resource: str) -> str:
+    """The part after the slash: ``example.com/fpga`` -> ``fpga``."""
+    return resource.rpartition("/")[2]
 
 _VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")

@@ -1,4 +1,4 @@
-"""The PodResources v1 client (cdiplug.pod_resources) against a real grpc.aio PodResourcesLister
+"""The PodResources v1 client (cdiplug.deviceplugin.pod_resources) against a real grpc.aio PodResourcesLister
 stand-in (cdiplug.testing.PodResourcesStandIn) on a unix socket: devices folded per resource
 over pods and containers, replica IDs, an empty node, a failing and an absent kubelet."""
 
@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from cdiplug.errors import KubeletError
-from cdiplug.pod_resources import AllocatedDevices, list_allocated
+from cdiplug.deviceplugin.pod_resources import AllocatedDevices, list_allocated
 from cdiplug.testing import PodResourcesStandIn
 
 

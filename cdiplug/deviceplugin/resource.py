@@ -1,51 +1,46 @@
-"""One served resource: its allocator and server, and how a backend's snapshots reach them.
+"""One resource served over the device-plugin API: its allocator and server, and its snapshots.
 
-A :class:`ServedResource` takes snapshots with :meth:`~ServedResource.offer`: the allocator hears
-at once, and the updater (:meth:`~ServedResource.run_updates`, one task per resource) coalesces a
-burst into the newest, skips an unchanged one, writes the CDI spec (in a thread; a failure is
-logged, Allocate tries again and fails clearly) and publishes the advertised list to ListAndWatch.
+A :class:`ServedResource` takes snapshots from the host with :meth:`~ServedResource.offer`: the
+allocator hears at once, and the updater (:meth:`~ServedResource.run_updates`, one task per
+resource) coalesces a burst into the newest, skips an unchanged one, has the resource's
+:class:`~cdiplug.host.SpecKeeper` put the CDI spec on disk (a failure is logged; Allocate asks
+again and fails clearly) and publishes the advertised list to ListAndWatch.
 The order depends on what changed: new devices or edits are on disk before the kubelet can pick
 them; a health-only change reaches the kubelet first, as its spec stays the same.
 
 The boundary: this module moves snapshots along one resource's pipeline; when tasks run, register
-and stop is the manager's business.
+and stop is the front end's business (:mod:`cdiplug.deviceplugin.frontend`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
+from ..cdi.writer import same_spec
+from ..errors import CdiError
+from ..host import SpecKeeper
+from ..model import DeviceSnapshot
+from ..resource import ResourceConfig
+from ..telemetry import Recorder
 from .allocator import Allocator
-from .cdi.writer import SpecWriter
-from .config import ResourceConfig
-from .errors import CdiError
-from .model import DeviceSnapshot
 from .server import ResourceServer
 
-if TYPE_CHECKING:
-    from .metrics import Metrics
-
 log = logging.getLogger(__name__)
-
-
-def same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
-    """Whether the CDI spec of ``new`` equals that of ``old`` (it holds IDs and edits, not health)."""
-    if old is None or old.common_edits != new.common_edits or len(old.devices) != len(new.devices):
-        return False
-    return all(a.id == b.id and a.edits == b.edits for a, b in zip(old.devices, new.devices))
 
 
 class ServedResource:
     """One resource's allocator, server and snapshot updates; registrations counted for metrics."""
 
-    def __init__(self, config: ResourceConfig, allocator: Allocator, server: ResourceServer, cdi: SpecWriter, metrics: Metrics) -> None:
+    def __init__(
+        self, config: ResourceConfig[Any], allocator: Allocator, server: ResourceServer, spec: SpecKeeper, recorder: Recorder
+    ) -> None:
         self.config = config
         self.allocator = allocator
         self.server = server
-        self.cdi = cdi
-        self.metrics = metrics
+        self.spec = spec
+        self.recorder = recorder
         self.pending: DeviceSnapshot | None = None
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
@@ -86,6 +81,8 @@ class ServedResource:
     async def _apply(self, snapshot: DeviceSnapshot) -> None:
         previous, self.applied = self.applied, snapshot
         self.allocator.update(snapshot)
+        if previous is not None:
+            self._log_health_changes(previous, snapshot)
         if same_spec(previous, snapshot):
             # Health or topology only: the spec stays as it is, so the kubelet hears first.
             self._publish()
@@ -96,24 +93,37 @@ class ServedResource:
             self._publish()
 
     async def _write_spec(self, snapshot: DeviceSnapshot) -> None:
-        kind = self.config.cdi_kind
         try:
-            if await asyncio.to_thread(self.cdi.write, kind, snapshot):
-                self.log.info("wrote CDI spec %s", self.cdi.path_for(kind))
+            if await self.spec.ensure(snapshot):
+                self.log.info("wrote CDI spec %s", self.spec.path)
         except CdiError as exc:
             # Not fatal: Allocate writes it again and fails with this error if it still cannot.
             self.log.error("cannot write the CDI spec: %s", exc)
+
+    def _log_health_changes(self, old: DeviceSnapshot, new: DeviceSnapshot) -> None:
+        """One INFO line per device whose health changed, so an operator sees why allocatable moved."""
+        for device in new.devices:
+            before = old.get(device.id)
+            if before is not None and before.health is not device.health:
+                log.info(
+                    "device %s of %s: %s -> %s",
+                    device.id,
+                    self.name,
+                    before.health.value,
+                    device.health.value,
+                    extra={"resource": self.name, "device": device.id},
+                )
 
     def _publish(self) -> None:
         advertised = self.allocator.advertised
         self.server.publish(advertised)
         healthy = advertised.healthy_count()
-        self.metrics.devices(self.name, healthy, len(advertised.devices) - healthy)
+        self.recorder.devices(self.name, healthy, len(advertised.devices) - healthy)
         self.log.debug("%d devices advertised, %d healthy", len(advertised.devices), healthy)
 
     # -- reload --
 
-    def replace_allocator(self, config: ResourceConfig, allocator: Allocator) -> bool:
+    def replace_allocator(self, config: ResourceConfig[Any], allocator: Allocator, spec: SpecKeeper) -> bool:
         """Serve a new config through ``allocator``; the server and its streams stay.
 
         True when the plugin options changed, so that the kubelet must be told again.
@@ -121,6 +131,7 @@ class ServedResource:
         old_options = self.server.pre_start_required
         self.config = config
         self.allocator = allocator
+        self.spec = spec
         if self.applied is not None:
             # Until the new backend reports, answer from what the old one said; then re-apply it
             # under the new config (replicas, CDI kind), published only if the list changed.

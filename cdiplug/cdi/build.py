@@ -1,0 +1,87 @@
+"""Building a CDI spec from the device model: :func:`build_spec` for one kind and one snapshot.
+
+The boundary: :mod:`.spec` holds the spec's types and JSON form, :mod:`.version` the lowest
+version a spec needs, :mod:`.validate` the checks; this module turns our model into a spec and
+refuses one a runtime would reject. It is the only one of them that knows :mod:`cdiplug.model`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .. import model
+from ..errors import CdiError
+from ..names import check_kind, device_name
+from .spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from .validate import check_spec
+from .version import minimal_version
+
+
+def device_node(node: model.DeviceNode) -> DeviceNode:
+    host_path = node.host_path if node.host_path and node.host_path != node.path else None
+    return DeviceNode(
+        path=node.path,
+        host_path=host_path,
+        type=node.type,
+        major=node.major,
+        minor=node.minor,
+        file_mode=node.file_mode,
+        permissions=node.permissions or None,
+    )
+
+
+def mount(m: model.Mount) -> Mount:
+    options = list(m.options)
+    # Without a type, runc needs "bind" to know this is a bind mount (as the CDI examples do).
+    if m.type in (None, "bind") and "bind" not in options and "rbind" not in options:
+        options.append("bind")
+    if m.read_only and "ro" not in options:
+        options.insert(0, "ro")
+    return Mount(host_path=m.host_path, container_path=m.container_path, options=options, type=m.type)
+
+
+def hook(h: model.Hook) -> Hook:
+    return Hook(hook_name=h.hook_name, path=h.path, args=h.args, env=h.env, timeout=h.timeout)
+
+
+def container_edits(edits: model.ContainerEdits) -> ContainerEdits:
+    return ContainerEdits(
+        env=[f"{k}={v}" for k, v in edits.env],
+        device_nodes=[device_node(n) for n in edits.device_nodes],
+        hooks=[hook(h) for h in edits.hooks],
+        mounts=[mount(m) for m in edits.mounts],
+        additional_gids=edits.additional_gids,
+    )
+
+
+def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
+    """The spec of one kind for every device of ``snapshot``, with the lowest version it needs.
+
+    Raises CdiError when the kind is not a valid CDI kind, a device has no edits (the spec forbids
+    it; a runtime would reject the whole file), two device IDs map to the same CDI name, or the
+    result fails :mod:`cdiplug.cdi.validate` in any other way.
+    """
+    check_kind(kind)
+    devices: list[Device] = []
+    owners: dict[str, str] = {}
+    for d in snapshot.devices:
+        name = device_name(d.id)  # always a valid name; check_spec below checks it again
+        if name in owners:
+            raise CdiError(
+                f"resource {snapshot.resource}: devices {owners[name]!r} and {d.id!r} both map to CDI name {name!r}"
+            )
+        owners[name] = d.id
+        edits = container_edits(d.edits)
+        if edits.is_empty():
+            raise CdiError(
+                f"resource {snapshot.resource}: device {d.id!r} has no container edits; a CDI device needs at least one"
+            )
+        devices.append(Device(name=name, container_edits=edits))
+    draft = Spec(cdi_version="", kind=kind, devices=devices, container_edits=container_edits(snapshot.common_edits))
+    spec = attrs.evolve(draft, cdi_version=minimal_version(draft))
+    # Never hand out a spec a runtime would refuse (an env var without a name, a bad node type
+    # from a backend): check it as strictly as `cdiplug cdi validate` would.
+    problems = check_spec(spec, f"spec of {kind}")
+    if problems:
+        raise CdiError(f"resource {snapshot.resource}: " + "; ".join(f"{p.message} @ {p.path}" for p in problems))
+    return spec
