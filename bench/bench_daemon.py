@@ -119,10 +119,22 @@ async def daemon(folder: Path, config: Path, kubelet_dir: Path) -> AsyncIterator
     log = (folder / "daemon.log").open("wb")
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "cdiplug", "serve", "--config", str(config), "--kubelet-dir", str(kubelet_dir),
-            "--cdi-dir", str(folder / "cdi"), "--state-dir", str(folder / "state"),
+            sys.executable,
+            "-m",
+            "cdiplug",
+            "serve",
+            "--config",
+            str(config),
+            "--kubelet-dir",
+            str(kubelet_dir),
+            "--cdi-dir",
+            str(folder / "cdi"),
+            "--state-dir",
+            str(folder / "state"),
         ],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
     )
     try:
         yield proc
@@ -177,14 +189,14 @@ async def health_latency(kubelet: KubeletStandIn, folder: Path, resource: str, d
 class _NullPlugin(pb_grpc.DevicePluginServicer):
     """Answers Allocate with nothing: measures what the Python caller itself costs."""
 
-    async def GetDevicePluginOptions(self, request, context):  # noqa: N802
+    async def GetDevicePluginOptions(self, request, context):
         return pb.DevicePluginOptions()
 
-    async def ListAndWatch(self, request, context):  # noqa: N802
+    async def ListAndWatch(self, request, context):
         yield pb.ListAndWatchResponse(devices=[pb.Device(ID="null-0", health="Healthy")])
         await asyncio.Event().wait()
 
-    async def Allocate(self, request, context):  # noqa: N802
+    async def Allocate(self, request, context):
         return pb.AllocateResponse(container_responses=[pb.ContainerAllocateResponse() for _ in request.container_requests])
 
 
@@ -227,7 +239,8 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
                     raise SystemExit(f"bench: the daemon did not register: {exc}\n--- daemon log ---\n{log}") from None
                 figures["start_s"] = round(listed - spawned, 3)
                 figures["start_register_sent_s"] = round(
-                    max(kubelet.registration(n).received_at for n in names) - spawned, 3  # type: ignore[union-attr]
+                    max(kubelet.registration(n).received_at for n in names) - spawned,
+                    3,  # type: ignore[union-attr]
                 )
                 await asyncio.sleep(0.5)  # let start-up garbage settle before calling it idle
                 figures["rss_mib_idle"] = memory_mib(proc.pid)

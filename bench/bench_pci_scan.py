@@ -24,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from cdiplug.config import parse_config
+from cdiplug.testing.sysfs import SysfsTree
 from cdiplug_backends.pci import plugin
 from cdiplug_backends.pci.discovery import select_all, to_snapshot
 from cdiplug_backends.pci.journal import Journal
 from cdiplug_backends.pci.sysfs import PciSysfs
-from cdiplug.config import parse_config
-from cdiplug.testing.sysfs import SysfsTree
 
 GOAL_S = 0.5
 
@@ -42,7 +42,9 @@ def build(root: Path, pfs: int, vfs: int) -> int:
     group = 0
     for p in range(pfs):
         pf, *children = addresses[p * per_pf : (p + 1) * per_pf]
-        tree.add_function(pf, vendor=0x8086, device=0x1572, driver="i40e", iommu_group=group, numa_node=p % 2, netdevs=[f"ens{p}f0"])
+        tree.add_function(
+            pf, vendor=0x8086, device=0x1572, driver="i40e", iommu_group=group, numa_node=p % 2, netdevs=[f"ens{p}f0"]
+        )
         tree.add_vfs(pf, children, device=0x154C, driver="iavf", first_group=group + 1, netdev_prefix=f"ens{p}f0")
         group += per_pf
     return len(addresses)
@@ -68,7 +70,11 @@ def main() -> None:
         assert len(topology.functions) == count, (len(topology.functions), count)
 
         config = parse_config(
-            {"resources": [{"name": "example.com/vf", "backend": "pci", "options": {"selectors": [{"device": "0x154c"}], "vfio": True}}]},
+            {
+                "resources": [
+                    {"name": "example.com/vf", "backend": "pci", "options": {"selectors": [{"device": "0x154c"}], "vfio": True}}
+                ]
+            },
             "bench",
             plugins={"pci": plugin},
         )

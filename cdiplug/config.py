@@ -25,8 +25,8 @@ from attrs import field, frozen
 from .backend import BackendPlugin, load_plugins
 from .errors import BackendError, BackendNotFound, ConfigError
 from .model import DEFAULT_ALLOCATE, AllocatePart
-from .resource import Api, ResourceConfig, default_dra_driver
 from .names import extended_resource_problem, is_dns_subdomain, kind_problem
+from .resource import Api, ResourceConfig, default_dra_driver
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 
@@ -185,9 +185,7 @@ def structure_options(options_type: type, raw: Mapping[str, Any], path: str, sou
     return options
 
 
-def parse_config(
-    data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin] | None = None
-) -> Config:
+def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
     """Turn already-loaded YAML data into a checked :class:`Config`."""
     if not isinstance(data, Mapping):
         raise ConfigError("the configuration must be a mapping with a 'resources' list", "$", source)
@@ -209,7 +207,9 @@ def parse_config(
         if problem:
             raise ConfigError(problem, f"{at}.name", source)
         if r.name in seen_names:
-            raise ConfigError(f"resource {r.name!r} is already defined at $.resources[{seen_names[r.name]}]", f"{at}.name", source)
+            raise ConfigError(
+                f"resource {r.name!r} is already defined at $.resources[{seen_names[r.name]}]", f"{at}.name", source
+            )
         seen_names[r.name] = i
         if r.replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {r.replicas}", f"{at}.replicas", source)

@@ -90,7 +90,11 @@ class Daemon:
         installed: list[int] = []
         if handle_signals:
             # Installed first: a SIGTERM while starting up still means a clean stop.
-            for sig, handler in ((signal.SIGTERM, self._on_stop_signal), (signal.SIGINT, self._on_stop_signal), (signal.SIGHUP, self._on_hup)):
+            for sig, handler in (
+                (signal.SIGTERM, self._on_stop_signal),
+                (signal.SIGINT, self._on_stop_signal),
+                (signal.SIGHUP, self._on_hup),
+            ):
                 loop.add_signal_handler(sig, handler, sig)
                 installed.append(sig)
         try:

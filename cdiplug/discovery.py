@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 from .backend import BackendPlugin, load_plugins
 from .config import Config
-from .host import group_by_backend
 from .errors import BackendError
+from .host import group_by_backend
 from .model import DeviceSnapshot
 from .world import World
 

@@ -101,7 +101,10 @@ class Metrics:
         self.health_timeout = health_timeout
         r = self.registry
         self._registrations = Counter(
-            "cdiplug_registrations", "Registrations with the kubelet, per resource (the first one per socket).", ["resource"], registry=r
+            "cdiplug_registrations",
+            "Registrations with the kubelet, per resource (the first one per socket).",
+            ["resource"],
+            registry=r,
         )
         self._reregistrations = Counter(
             "cdiplug_reregistrations",
@@ -109,22 +112,38 @@ class Metrics:
             ["resource"],
             registry=r,
         )
-        self._allocations = Counter("cdiplug_allocations", "Allocate calls answered, per resource and result.", ["resource", "result"], registry=r)
-        self._allocate_seconds = Histogram(
-            "cdiplug_allocate_duration_seconds", "Time to answer an Allocate call, per resource.", ["resource"], buckets=ALLOCATE_BUCKETS, registry=r
+        self._allocations = Counter(
+            "cdiplug_allocations", "Allocate calls answered, per resource and result.", ["resource", "result"], registry=r
         )
-        self._devices = Gauge("cdiplug_devices", "Devices advertised, per resource and health.", ["resource", "health"], registry=r)
+        self._allocate_seconds = Histogram(
+            "cdiplug_allocate_duration_seconds",
+            "Time to answer an Allocate call, per resource.",
+            ["resource"],
+            buckets=ALLOCATE_BUCKETS,
+            registry=r,
+        )
+        self._devices = Gauge(
+            "cdiplug_devices", "Devices advertised, per resource and health.", ["resource", "health"], registry=r
+        )
         self._preparation_failures = Counter(
-            "cdiplug_preparation_failures", "Device preparations that failed (binding to vfio-pci, say), per resource.", ["resource"], registry=r
+            "cdiplug_preparation_failures",
+            "Device preparations that failed (binding to vfio-pci, say), per resource.",
+            ["resource"],
+            registry=r,
         )
         self._kubelet_restarts = Counter("cdiplug_kubelet_restarts", "Kubelet restarts seen (its socket re-created).", registry=r)
         self._backend_restarts = Counter(
             "cdiplug_backend_restarts", "Backends restarted after they failed, per backend.", ["backend"], registry=r
         )
         self._backend_down = Gauge(
-            "cdiplug_resource_backend_down", "1 while the resource's backend is down (restarting), else 0.", ["resource"], registry=r
+            "cdiplug_resource_backend_down",
+            "1 while the resource's backend is down (restarting), else 0.",
+            ["resource"],
+            registry=r,
         )
-        self._ready = Gauge("cdiplug_resource_ready", "1 when the resource is registered with the kubelet, else 0.", ["resource"], registry=r)
+        self._ready = Gauge(
+            "cdiplug_resource_ready", "1 when the resource is registered with the kubelet, else 0.", ["resource"], registry=r
+        )
         self._children: dict[str, _Children] = {}
         # Read by the HTTP thread, written by the loop: replaced whole under the lock.
         self._lock = threading.Lock()
@@ -260,7 +279,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.0"
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
@@ -319,7 +338,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the http.server name)
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("metrics http %s: " + format, self.client_address[0], *args)
 
 
@@ -361,7 +380,9 @@ class MetricsServer:
         httpd.loop = asyncio.get_running_loop()
         self.port = httpd.server_address[1]
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="cdiplug-metrics-http", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="cdiplug-metrics-http", daemon=True
+        )
         self._thread.start()
         log.info("serving /metrics, /healthz and /readyz on %s", self.url)
         return self

@@ -68,6 +68,7 @@ def resource_class(resource: str) -> str:
     """The part after the slash: ``example.com/fpga`` -> ``fpga``."""
     return resource.rpartition("/")[2]
 
+
 _VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 

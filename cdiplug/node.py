@@ -59,7 +59,9 @@ class Node:
         self.recorder = recorder
         extra = {"backoff": backoff} if backoff is not None else {}
         self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, **extra)
-        self.device_plugin = DevicePluginFrontEnd(world, self.host, supervisor, recorder=recorder, register_timeout=register_timeout)
+        self.device_plugin = DevicePluginFrontEnd(
+            world, self.host, supervisor, recorder=recorder, register_timeout=register_timeout
+        )
         self._lock = asyncio.Lock()
         self._stopped = False
 

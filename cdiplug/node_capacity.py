@@ -157,7 +157,9 @@ def load_kubeconfig(path: Path | str, context: str | None = None) -> ApiServer:
     cert = _pem(user, "client-certificate", base, "client certificate", source)
     key = _pem(user, "client-key", base, "client key", source)
     if bool(cert) != bool(key):
-        raise KubeconfigError(f"user {ctx.get('user')!r} in {source} has a client certificate without its key, or a key without its certificate")
+        raise KubeconfigError(
+            f"user {ctx.get('user')!r} in {source} has a client certificate without its key, or a key without its certificate"
+        )
     basic = (str(user["username"]), str(user.get("password", ""))) if user.get("username") else None
     return ApiServer(
         url=server.rstrip("/"),

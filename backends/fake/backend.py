@@ -14,11 +14,11 @@ import yaml
 from attrs import frozen
 
 from cdiplug.backend import SnapshotSink
-from cdiplug.resource import ResourceConfig
 from cdiplug.errors import ConfigError
 from cdiplug.filewatch import FOLDER, FolderWatch
 from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
 from cdiplug.names import resource_class
+from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
 log = logging.getLogger(__name__)

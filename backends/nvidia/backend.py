@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cdiplug.backend import SnapshotSink
-from cdiplug.resource import ResourceConfig
 from cdiplug.errors import BackendInitError
 from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, PreferredRequest
 from cdiplug.replicas import underlying
+from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
 from . import topology
@@ -263,7 +263,11 @@ class NvidiaBackend:
 
     def snapshot(self, name: str) -> DeviceSnapshot:
         return build_snapshot(
-            name, self._gpus.get(name, ()), self._trackers[name].health_map(), self._common.get(name, ContainerEdits()), self._skipped
+            name,
+            self._gpus.get(name, ()),
+            self._trackers[name].health_map(),
+            self._common.get(name, ContainerEdits()),
+            self._skipped,
         )
 
     def _publish(self, name: str) -> None:

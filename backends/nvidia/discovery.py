@@ -20,8 +20,8 @@ from typing import Any
 
 from attrs import field, frozen
 
-from cdiplug.resource import ResourceConfig
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
 from .nvml import GpuInfo, Nvml, NvmlError

@@ -166,7 +166,7 @@ class EventWatcher:
                 # A wait that keeps failing must not spin; stop() interrupts the pause.
                 self._stop.wait(ERROR_BACKOFF_S)
                 continue
-            except Exception:  # noqa: BLE001 - the thread must report, never die silently
+            except Exception:
                 log.exception("the NVML event thread failed unexpectedly")
                 self.on_error("the NVML event thread failed unexpectedly")
                 self._stop.wait(ERROR_BACKOFF_S)

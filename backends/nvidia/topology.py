@@ -176,9 +176,7 @@ def _greedy(
     return members if accept is None or accept(members) else None
 
 
-def preferred(
-    request: PreferredRequest, score: Score, strategy: ReplicaStrategy = ReplicaStrategy.SPREAD
-) -> list[str] | None:
+def preferred(request: PreferredRequest, score: Score, strategy: ReplicaStrategy = ReplicaStrategy.SPREAD) -> list[str] | None:
     """The advertised IDs to prefer for one container, or None to leave it to the core policy.
 
     IDs may be replica IDs (``<uuid>::<i>``). ``spread`` uses as many GPUs as the request allows

@@ -93,9 +93,7 @@ class PciBackend:
         self.binder = VfioBinder(self.sysfs, self.journal, world.dev_root, writer, check_in_use=self.check_in_use)
         if verify_timeout is not None:
             self.binder.verify_timeout = verify_timeout
-        self.safety = {
-            name: SafetyChecker(self.sysfs, o.mountinfo, o.proc_root, netns) for name, o in self.options.items()
-        }
+        self.safety = {name: SafetyChecker(self.sysfs, o.mountinfo, o.proc_root, netns) for name, o in self.options.items()}
         self.default_safety = SafetyChecker(self.sysfs, netns=netns)
         self.links = LinkStates(netns) if any(o.link_health for o in self.options.values()) else None
         self.udev_monitor = udev_monitor
@@ -376,9 +374,7 @@ class PciBackend:
             if not self.sysfs.noiommu_enabled():
                 raise PreparationError(address, "it has no IOMMU group (turn the IOMMU on, or vfio's enable_unsafe_noiommu_mode)")
             return f"noiommu:{address}", (address,)
-        members = tuple(
-            a for a in state.topology.group_members(fn.iommu_group) if not state.topology.functions[a].is_bridge
-        )
+        members = tuple(a for a in state.topology.group_members(fn.iommu_group) if not state.topology.functions[a].is_bridge)
         return fn.iommu_group, members
 
     async def bind_address(self, address: str, force: bool = False) -> BindResult:

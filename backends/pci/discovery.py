@@ -194,7 +194,9 @@ def _group_rule(
             elif other is not None:
                 problem = f"IOMMU group {group} also holds {address}, which resource {other} selects"
             elif not options.whole_group:
-                problem = f"IOMMU group {group} also holds {address}, not selected by this resource (whole_group: true takes it along)"
+                problem = (
+                    f"IOMMU group {group} also holds {address}, not selected by this resource (whole_group: true takes it along)"
+                )
             elif not options.force and denied_by(options, address):
                 problem = f"IOMMU group {group} also holds {address}, which is on the denylist"
             if problem:

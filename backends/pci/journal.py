@@ -207,7 +207,11 @@ class Journal:
             # name, as they become sysfs and state paths) must not stop the daemon for good: keep
             # it for people to look at, under a name we never read again.
             aside = path.with_name(path.name + f".corrupt-{int(time.time())}")
-            why = "; ".join(cattrs.transform_error(exc, format_exception=_why)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
+            why = (
+                "; ".join(cattrs.transform_error(exc, format_exception=_why))
+                if isinstance(exc, cattrs.BaseValidationError)
+                else str(exc)
+            )
             log.error("state file %s is unreadable (%s); moved aside to %s", path, why, aside.name)
             with contextlib.suppress(OSError):
                 path.rename(aside)

@@ -67,10 +67,10 @@ class Selector:
             yield at, "a selector needs at least one of vendor, device, class, driver, addresses, pf, netdev"
         for name, value in (("vendor", self.vendor), ("device", self.device)):
             if value is not None and not _HEX_ID.match(value):
-                yield f"{at}.{name}", f"expected a hexadecimal PCI ID such as \"0x8086\", got {value!r}"
+                yield f"{at}.{name}", f'expected a hexadecimal PCI ID such as "0x8086", got {value!r}'
         for name, value in (("class", self.class_), ("class_mask", self.class_mask)):
             if value is not None and not _HEX_CLASS.match(value):
-                yield f"{at}.{name}", f"expected a hexadecimal PCI class such as \"0x020000\", got {value!r}"
+                yield f"{at}.{name}", f'expected a hexadecimal PCI class such as "0x020000", got {value!r}'
         if self.class_mask is not None and self.class_ is None:
             yield f"{at}.class_mask", "class_mask needs class"
         for i, glob in enumerate(self.addresses):

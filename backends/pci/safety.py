@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -59,7 +58,9 @@ class NetUse:
         if self.up and self.addresses:
             return f"network interface {self.ifname} is up with addresses {', '.join(self.addresses)}"
         if self.up and self.master and self.master_addresses:
-            return f"network interface {self.ifname} is up in {self.master}, which has addresses {', '.join(self.master_addresses)}"
+            return (
+                f"network interface {self.ifname} is up in {self.master}, which has addresses {', '.join(self.master_addresses)}"
+            )
         return None
 
 
@@ -162,7 +163,7 @@ class SafetyChecker:
             return []
         try:
             uses = await net_use(fn.netdevs, self.netns)
-        except (NetlinkError, OSError, socket.error) as exc:
+        except (NetlinkError, OSError) as exc:
             return [f"cannot check network interfaces {', '.join(fn.netdevs)} through netlink: {exc}"]
         return [p for use in uses.values() if use is not None and (p := use.problem())]
 

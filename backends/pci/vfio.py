@@ -349,7 +349,9 @@ class VfioBinder:
                 # Nothing was taken off its driver yet: undo the override and the records.
                 for p in present:
                     if self.sysfs.read_driver_override(p.address) == VFIO_DRIVER and p.original_driver != VFIO_DRIVER:
-                        self._write(p.address, self.sysfs.function_dir(p.address) / "driver_override", "\n", "clearing driver_override")
+                        self._write(
+                            p.address, self.sysfs.function_dir(p.address) / "driver_override", "\n", "clearing driver_override"
+                        )
                     self.journal.forget_bound(p.address)
                 report.append(f"{what}: rolled back (no function had left its driver)")
             elif (busy := self._in_use(entry, [found[p.address] for p in present])) is not None:

@@ -67,9 +67,7 @@ def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
     for d in snapshot.devices:
         name = device_name(d.id)  # always a valid name; check_spec below checks it again
         if name in owners:
-            raise CdiError(
-                f"resource {snapshot.resource}: devices {owners[name]!r} and {d.id!r} both map to CDI name {name!r}"
-            )
+            raise CdiError(f"resource {snapshot.resource}: devices {owners[name]!r} and {d.id!r} both map to CDI name {name!r}")
         owners[name] = d.id
         edits = container_edits(d.edits)
         if edits.is_empty():

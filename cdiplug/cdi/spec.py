@@ -113,8 +113,10 @@ class Spec:
 # JSON keys that are not plain camelCase of the attribute name.
 _KEYS = {"cdi_version": "cdiVersion", "clos_id": "closID", "additional_gids": "additionalGids"}
 # Order of keys in the JSON, as the reference library marshals them (Go struct field order).
-_JSON_ORDER = {Spec: ("cdi_version", "kind", "annotations", "devices", "container_edits"),
-               Device: ("name", "annotations", "container_edits")}
+_JSON_ORDER = {
+    Spec: ("cdi_version", "kind", "annotations", "devices", "container_edits"),
+    Device: ("name", "annotations", "container_edits"),
+}
 
 
 def json_key(name: str) -> str:

@@ -28,11 +28,10 @@ import yaml
 from attrs import frozen
 
 from ..errors import CdiError
-from ..names import is_dns_subdomain
+from ..names import device_name_problem, is_dns_subdomain, kind_problem
 from . import spec as cdispec
 from . import version as cdiversion
 from .annotations import is_valid_name
-from ..names import device_name_problem, kind_problem
 
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 DEVICE_NODE_TYPES = ("b", "c", "u", "p")
@@ -53,18 +52,43 @@ class Problem:
 # The JSON type of every field: "str", "bool", "uint32", "int64", "strs" (list of strings),
 # "uint32s", "map" (string to string), or a class of cdiplug.cdi.spec / a list of one ([cls]).
 _FIELDS: dict[type, dict[str, Any]] = {
-    cdispec.Spec: {"cdiVersion": "str", "kind": "str", "annotations": "map", "devices": [cdispec.Device],
-                   "containerEdits": cdispec.ContainerEdits},
+    cdispec.Spec: {
+        "cdiVersion": "str",
+        "kind": "str",
+        "annotations": "map",
+        "devices": [cdispec.Device],
+        "containerEdits": cdispec.ContainerEdits,
+    },
     cdispec.Device: {"name": "str", "annotations": "map", "containerEdits": cdispec.ContainerEdits},
-    cdispec.ContainerEdits: {"env": "strs", "deviceNodes": [cdispec.DeviceNode], "netDevices": [cdispec.NetDevice],
-                             "hooks": [cdispec.Hook], "mounts": [cdispec.Mount], "intelRdt": cdispec.IntelRdt,
-                             "additionalGids": "uint32s"},
-    cdispec.DeviceNode: {"path": "str", "hostPath": "str", "type": "str", "major": "int64", "minor": "int64",
-                         "fileMode": "uint32", "permissions": "str", "uid": "uint32", "gid": "uint32"},
+    cdispec.ContainerEdits: {
+        "env": "strs",
+        "deviceNodes": [cdispec.DeviceNode],
+        "netDevices": [cdispec.NetDevice],
+        "hooks": [cdispec.Hook],
+        "mounts": [cdispec.Mount],
+        "intelRdt": cdispec.IntelRdt,
+        "additionalGids": "uint32s",
+    },
+    cdispec.DeviceNode: {
+        "path": "str",
+        "hostPath": "str",
+        "type": "str",
+        "major": "int64",
+        "minor": "int64",
+        "fileMode": "uint32",
+        "permissions": "str",
+        "uid": "uint32",
+        "gid": "uint32",
+    },
     cdispec.Mount: {"hostPath": "str", "containerPath": "str", "options": "strs", "type": "str"},
     cdispec.Hook: {"hookName": "str", "path": "str", "args": "strs", "env": "strs", "timeout": "uint32"},
-    cdispec.IntelRdt: {"closID": "str", "l3CacheSchema": "str", "memBwSchema": "str", "schemata": "strs",
-                       "enableMonitoring": "bool"},
+    cdispec.IntelRdt: {
+        "closID": "str",
+        "l3CacheSchema": "str",
+        "memBwSchema": "str",
+        "schemata": "strs",
+        "enableMonitoring": "bool",
+    },
     cdispec.NetDevice: {"hostInterfaceName": "str", "name": "str"},
 }
 _REQUIRED: dict[type, tuple[str, ...]] = {
@@ -77,7 +101,6 @@ _REQUIRED: dict[type, tuple[str, ...]] = {
 }
 for _cls, _table in _FIELDS.items():  # the tables must follow the model's JSON keys exactly
     assert set(_table) == set(cdispec.json_keys(_cls)), _cls
-
 
 
 class _Checker:
@@ -250,7 +273,10 @@ class _Checker:
             total += len(key) + len(value)
             prefix, sep, name = key.rpartition("/")
             if not is_valid_name(name):
-                self.problem(f"{path}.{key}", f"annotation key {key!r}: the name part must be 1-63 letters, digits, '-', '_', '.', starting and ending with a letter or digit")
+                self.problem(
+                    f"{path}.{key}",
+                    f"annotation key {key!r}: the name part must be 1-63 letters, digits, '-', '_', '.', starting and ending with a letter or digit",
+                )
             if sep and not is_dns_subdomain(prefix):
                 self.problem(f"{path}.{key}", f"annotation key {key!r}: the prefix must be a lower-case DNS subdomain")
         if total > 256 * 1024:

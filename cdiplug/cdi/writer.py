@@ -24,8 +24,8 @@ from attrs import frozen
 from ..atomic import TEMP_SUFFIX, write_atomic
 from ..errors import CdiError
 from ..model import DeviceSnapshot
-from .build import build_spec
 from ..names import spec_file_name
+from .build import build_spec
 from .spec import to_json
 
 FILE_MODE = 0o644

@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def generate(args: argparse.Namespace) -> int:
+    from ..cdi.writer import SpecWriter
     from ..config import load_config
     from ..discovery import discover_once
-    from ..cdi.writer import SpecWriter
 
     config = load_config(args.config)
     world = World(cdi_dir=Path(args.output_dir), sysfs_root=Path(args.sysfs_root), dev_root=Path(args.dev_root))
@@ -103,8 +103,8 @@ def list_devices(args: argparse.Namespace) -> int:
 
 def _read_specs(folder: Path) -> Iterator[tuple[Path, list[str] | str]]:
     """Each spec file of ``folder`` with its qualified device names, or why they cannot be read."""
-    from ..names import qualified_name_problem
     from ..cdi.validate import load_document
+    from ..names import qualified_name_problem
 
     try:
         paths = sorted(p for p in folder.iterdir() if p.suffix in (".json", ".yaml") and p.is_file())

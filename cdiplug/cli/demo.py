@@ -76,8 +76,12 @@ def demo_world(folder: Path) -> World:
     for path in paths.values():
         path.mkdir(mode=0o750)
     return World(
-        kubelet_dir=paths["kubelet"], cdi_dir=paths["cdi"], state_dir=paths["state"],
-        sysfs_root=paths["sys"], dev_root=paths["dev"], pod_resources_socket=folder / "pod-resources.sock",
+        kubelet_dir=paths["kubelet"],
+        cdi_dir=paths["cdi"],
+        state_dir=paths["state"],
+        sysfs_root=paths["sys"],
+        dev_root=paths["dev"],
+        pod_resources_socket=folder / "pod-resources.sock",
     )
 
 

@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     # The options sit on each action, so they may come after the positional arguments too.
     common = argparse.ArgumentParser(add_help=False)
-    add_option(common, "--kubeconfig", help="kubeconfig file; without it $KUBECONFIG, the in-cluster service account, ~/.kube/config")
+    add_option(
+        common, "--kubeconfig", help="kubeconfig file; without it $KUBECONFIG, the in-cluster service account, ~/.kube/config"
+    )
     add_option(common, "--context", help="kubeconfig context; without it the current context")
     add_option(common, "--timeout", "30", type=float, help="seconds to wait for the API server")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)

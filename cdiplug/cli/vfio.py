@@ -28,7 +28,9 @@ from . import add_world_options, world_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = subparsers.add_parser("vfio", help="bind PCI functions to vfio-pci and back by hand", description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser(
+        "vfio", help="bind PCI functions to vfio-pci and back by hand", description=__doc__.split("\n\n")[0]
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_text in (
         ("status", "show a function's driver, IOMMU group and what cdiplug recorded"),

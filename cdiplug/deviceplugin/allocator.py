@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 PLUGIN_NAME = "cdiplug"  # the plugin part of cdi.k8s.io/<plugin>_<id> annotation keys
 
+
 class Allocator:
     """Allocate, GetPreferredAllocation and PreStartContainer for one resource."""
 
@@ -248,6 +249,8 @@ class Allocator:
             return
         unknown = [i for i in ids if i not in self._underlying]
         if unknown:
-            raise InvalidRequest(f"{self.resource.name}: PreStartContainer for unknown device IDs {', '.join(map(repr, unknown))}")
+            raise InvalidRequest(
+                f"{self.resource.name}: PreStartContainer for unknown device IDs {', '.join(map(repr, unknown))}"
+            )
         devices = list({d.id: d for d in (self._underlying[i] for i in ids)}.values())
         await starter.pre_start(self.resource.name, devices)

@@ -69,7 +69,5 @@ async def list_allocated(socket: Path | str, timeout: float = DEFAULT_TIMEOUT) -
             stub = pb_grpc.PodResourcesListerStub(channel)
             response = await stub.List(pb.ListPodResourcesRequest(), timeout=timeout, wait_for_ready=False)
     except grpc.aio.AioRpcError as exc:
-        raise KubeletError(
-            f"PodResources List at {socket} failed: {exc.code().name}: {exc.details() or 'no details'}"
-        ) from exc
+        raise KubeletError(f"PodResources List at {socket} failed: {exc.code().name}: {exc.details() or 'no details'}") from exc
     return from_response(response)

@@ -292,4 +292,3 @@ class _Policy:
                     need -= 1
                     new_left = after_new_left
         return picks
-

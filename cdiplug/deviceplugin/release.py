@@ -82,7 +82,9 @@ class Releaser:
                 try:
                     await self.host.preparations(name).release(name, [device])
                 except CdiplugError as exc:
-                    log.warning("could not release %s of %s: %s", device.id, name, exc, extra={"resource": name, "device": device.id})
+                    log.warning(
+                        "could not release %s of %s: %s", device.id, name, exc, extra={"resource": name, "device": device.id}
+                    )
                     continue
                 log.info("released %s of %s: no pod holds it", device.id, name, extra={"resource": name, "device": device.id})
                 released.append((name, device.id))

@@ -84,9 +84,7 @@ class _Sink:
 
 
 class _BackendRun:
-    def __init__(
-        self, host: BackendHost, plugin: str, resources: tuple[ResourceConfig[Any], ...], backend: Backend
-    ) -> None:
+    def __init__(self, host: BackendHost, plugin: str, resources: tuple[ResourceConfig[Any], ...], backend: Backend) -> None:
         self.plugin = plugin
         self.resources = resources
         self.names = frozenset(r.name for r in resources)
@@ -244,7 +242,7 @@ class BackendHost:
                 return
             except BackendInitError:
                 raise  # told not to start empty: the daemon stops (exit 2)
-            except Exception as exc:  # noqa: BLE001 - any failure of a backend is isolated here
+            except Exception as exc:
                 if loop.time() - started >= most:
                     delay = initial  # it ran well for a while: start the backoff afresh
                 detail = str(exc) if isinstance(exc, CdiplugError) else f"{type(exc).__name__}: {exc}"

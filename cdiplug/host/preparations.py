@@ -155,7 +155,9 @@ class Preparations:
                     raise PreparationError(todo[0].id, f"{type(exc).__name__}: {exc}") from exc
                 if len(done) != len(todo) or any(a.id != b.id for a, b in zip(todo, done)):
                     self.recorder.preparation_failed(resource)
-                    raise PreparationError(todo[0].id, f"backend {self.backend} returned other devices than it was asked to prepare")
+                    raise PreparationError(
+                        todo[0].id, f"backend {self.backend} returned other devices than it was asked to prepare"
+                    )
                 prepared = self._prepared.setdefault(resource, {})
                 for given, result in zip(todo, done):
                     prepared[given.id] = (given, result)

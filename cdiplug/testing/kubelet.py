@@ -46,10 +46,15 @@ from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from ..errors import CdiplugError
 from ..model import ContainerAllocation, Device, Health
 from .kubelet_plugin import PluginConnection, describe_error, dial, listed_devices
-from .kubelet_records import ContainerResult, Event, PodPhase, PodResult, Registration
-from .kubelet_records import PluginOptions  # noqa: F401 - re-exported
-from .kubelet_rules import API_VERSION, is_extended_resource_name  # noqa: F401 - re-exported
-from .kubelet_rules import pick_devices, register_problem
+from .kubelet_records import (
+    ContainerResult,
+    Event,
+    PluginOptions,  # noqa: F401 - re-exported
+    PodPhase,
+    PodResult,
+    Registration,
+)
+from .kubelet_rules import API_VERSION, is_extended_resource_name, pick_devices, register_problem  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +168,7 @@ class KubeletStandIn:
         problem = register_problem(request.version, resource, request.endpoint, self.kubelet_dir)
         if problem is None:
             try:
-                endpoint = await dial(
-                    self.kubelet_dir, request, received_at, self.dial_timeout, self.call_timeout
-                )
+                endpoint = await dial(self.kubelet_dir, request, received_at, self.dial_timeout, self.call_timeout)
             except (grpc.aio.AioRpcError, TimeoutError, OSError) as exc:
                 problem = f"failed to dial device plugin: {describe_error(exc)}"
         if problem is not None:
@@ -339,8 +342,11 @@ class KubeletStandIn:
                     allocation = await self._allocate_container(resource, ids)
                 except grpc.aio.AioRpcError as exc:
                     return PodResult(
-                        name, PodPhase.FAILED, "UnexpectedAdmissionError",
-                        f"Allocate failed due to {exc.details()}, which is unexpected", code=exc.code().name,
+                        name,
+                        PodPhase.FAILED,
+                        "UnexpectedAdmissionError",
+                        f"Allocate failed due to {exc.details()}, which is unexpected",
+                        code=exc.code().name,
                     )
                 except StandInError as exc:
                     return PodResult(name, PodPhase.FAILED, "UnexpectedAdmissionError", str(exc))
@@ -414,4 +420,3 @@ class KubeletStandIn:
         # Wake every waiter, then start a fresh event for the next change.
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
-

@@ -80,8 +80,13 @@ async def dial(
         await channel.close(grace=None)
         raise
     registration = Registration(
-        request.resource_name, request.endpoint, request.version, _options(options), _options(request.options),
-        received_at=received_at, connected_at=time.monotonic(),
+        request.resource_name,
+        request.endpoint,
+        request.version,
+        _options(options),
+        _options(request.options),
+        received_at=received_at,
+        connected_at=time.monotonic(),
     )
     return PluginConnection(registration, channel, stub)
 

@@ -88,9 +88,7 @@ class PodResult:
 
     def device_ids(self, resource: str | None = None) -> tuple[str, ...]:
         """The devices of ``resource`` (or of all resources) over all containers, in answer order."""
-        return tuple(
-            i for c in self.containers for r, a in c.allocations if resource in (None, r) for i in a.device_ids
-        )
+        return tuple(i for c in self.containers for r, a in c.allocations if resource in (None, r) for i in a.device_ids)
 
     @property
     def env(self) -> Mapping[str, str]:

@@ -30,10 +30,6 @@ from .nvml_machines import FakeGpu, Machine, TopologyFn
 from .nvml_values import *  # noqa: F403 - pynvml's constants and shapes, under pynvml's names
 from .nvml_values import (
     CONSTANTS,
-    EventData,
-    Handle,
-    MemoryInfo,
-    NVMLError,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_LIBRARY_NOT_FOUND,
@@ -51,9 +47,13 @@ from .nvml_values import (
     NVML_TOPOLOGY_INTERNAL,
     NVML_TOPOLOGY_NODE,
     NVML_TOPOLOGY_SYSTEM,
+    EventData,
+    Handle,
+    MemoryInfo,
+    NVMLError,
     PciInfo,
-    nvmlEventTypeXidCriticalError,
     nvml_bus_id,
+    nvmlEventTypeXidCriticalError,
     pci_info,
 )
 
@@ -166,7 +166,9 @@ class FakeNvml:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
 
-    def write_dev(self, dev_root: Path, control: Iterable[str] = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")) -> None:
+    def write_dev(
+        self, dev_root: Path, control: Iterable[str] = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+    ) -> None:
         """Empty files standing for ``/dev/nvidia<minor>`` of every GPU and the control nodes."""
         dev = Path(dev_root) / "dev"
         dev.mkdir(parents=True, exist_ok=True)
@@ -233,31 +235,31 @@ class FakeNvml:
 
     # --- the pynvml API ---------------------------------------------------------------------
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+    def nvmlInit(self) -> None:
         self.calls["nvmlInit"] += 1
         if self._init_error is not None:
             raise NVMLError(self._init_error)
         self.inits += 1
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
         self.inits -= 1
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         self._enter("nvmlSystemGetDriverVersion")
         return self.driver_version
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
         self._enter("nvmlDeviceGetHandleByIndex")
         if not 0 <= index < len(self.gpus):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self._handles[index]
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Handle:  # noqa: N802
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Handle:
         self._enter("nvmlDeviceGetHandleByUUID")
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         for i, gpu in enumerate(self.gpus):
@@ -268,53 +270,53 @@ class FakeNvml:
                 return self._handles[i]
         raise NVMLError(NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
         return self._gpu("nvmlDeviceGetUUID", handle).uuid
 
-    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: Any) -> str:
         return self._gpu("nvmlDeviceGetName", handle).name
 
-    def nvmlDeviceGetIndex(self, handle: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
         self._gpu("nvmlDeviceGetIndex", handle)
         return int(handle.index)
 
-    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetMinorNumber", handle).minor
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> MemoryInfo:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> MemoryInfo:
         gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
         used = 512 * 1024**2
         return MemoryInfo(total=gpu.memory_total, free=gpu.memory_total - used, used=used)
 
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo:
         return pci_info(self._gpu("nvmlDeviceGetPciInfo", handle).pci_bus_id)
 
-    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         gpu = self._gpu("nvmlDeviceGetMigMode", handle)
         if gpu.mig_mode is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig_mode, gpu.mig_mode]
 
-    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
         self._gpu("nvmlDeviceGetTopologyCommonAncestor", device1)
         self._gpu("nvmlDeviceGetTopologyCommonAncestor", device2)
         if device1 is device2:
             return NVML_TOPOLOGY_INTERNAL
         return self._level(device1.index, device2.index)
 
-    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
         gpu = self._gpu("nvmlDeviceGetNvLinkState", device)
         if not 0 <= link < len(gpu.nvlinks):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED if 0 <= link < NVML_NVLINK_MAX_LINKS else NVML_ERROR_INVALID_ARGUMENT)
         return NVML_FEATURE_DISABLED if link in gpu.down_links else NVML_FEATURE_ENABLED
 
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> PciInfo:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> PciInfo:
         gpu = self._gpu("nvmlDeviceGetNvLinkRemotePciInfo", device)
         if not 0 <= link < len(gpu.nvlinks):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return pci_info(gpu.nvlinks[link])
 
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
         gpu = self._gpu("nvmlDeviceGetNvLinkRemoteDeviceType", handle)
         if not 0 <= link < len(gpu.nvlinks):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
@@ -325,10 +327,10 @@ class FakeNvml:
             return NVML_NVLINK_DEVICE_TYPE_GPU
         return NVML_NVLINK_DEVICE_TYPE_UNKNOWN
 
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetSupportedEventTypes", handle).supported_events
 
-    def nvmlEventSetCreate(self) -> _EventSet:  # noqa: N802
+    def nvmlEventSetCreate(self) -> _EventSet:
         self._enter("nvmlEventSetCreate")
         es = _EventSet(self)
         with self._lock:
@@ -336,7 +338,7 @@ class FakeNvml:
             self._lock.notify_all()
         return es
 
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:  # noqa: N802,N803
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
         if not isinstance(eventSet, _EventSet) or eventSet.freed:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
@@ -346,7 +348,7 @@ class FakeNvml:
             eventSet.masks[handle.index] = eventSet.masks.get(handle.index, 0) | eventTypes
             self._lock.notify_all()
 
-    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> EventData:  # noqa: N802,N803
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> EventData:
         self._enter("nvmlEventSetWait")
         if not isinstance(eventSet, _EventSet) or eventSet.freed:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
@@ -365,7 +367,7 @@ class FakeNvml:
             raise NVMLError(item)
         return item
 
-    def nvmlEventSetFree(self, eventSet: Any) -> None:  # noqa: N802,N803
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
         self._enter("nvmlEventSetFree")
         if not isinstance(eventSet, _EventSet) or eventSet.freed:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)

@@ -87,12 +87,12 @@ class NVMLError(Exception):
 
 @frozen
 class PciInfo:
-    busId: bytes  # noqa: N815 - pynvml's spelling
-    busIdLegacy: bytes  # noqa: N815
+    busId: bytes
+    busIdLegacy: bytes
     domain: int
     bus: int
     device: int
-    pciDeviceId: int = 0x233010DE  # noqa: N815
+    pciDeviceId: int = 0x233010DE
 
 
 @frozen
@@ -105,10 +105,10 @@ class MemoryInfo:
 @frozen
 class EventData:
     device: Any
-    eventType: int  # noqa: N815
-    eventData: int  # noqa: N815
-    gpuInstanceId: int = NO_INSTANCE  # noqa: N815
-    computeInstanceId: int = NO_INSTANCE  # noqa: N815
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = NO_INSTANCE
+    computeInstanceId: int = NO_INSTANCE
 
 
 @frozen(eq=False)

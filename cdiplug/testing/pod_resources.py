@@ -55,19 +55,19 @@ class PodResourcesStandIn(pb_grpc.PodResourcesListerServicer):
         if self.fail_with is not None:
             await context.abort(self.fail_with, "stand-in told to fail")
 
-    async def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:  # noqa: N802
+    async def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
         self.list_calls += 1
         await self._check(context)
         return pb.ListPodResourcesResponse(pod_resources=[self._pod(k) for k in sorted(self.pods)])
 
-    async def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:  # noqa: N802
+    async def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:
         await self._check(context)
         key = (request.pod_namespace, request.pod_name)
         if key not in self.pods:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"pod {key[0]}/{key[1]} not found")
         return pb.GetPodResourcesResponse(pod_resources=self._pod(key))
 
-    async def GetAllocatableResources(self, request: Any, context: Any) -> pb.AllocatableResourcesResponse:  # noqa: N802
+    async def GetAllocatableResources(self, request: Any, context: Any) -> pb.AllocatableResourcesResponse:
         await self._check(context)
         return pb.AllocatableResourcesResponse()
 

@@ -59,7 +59,7 @@ async def running(
     """Run ``backend`` until the block ends; ``resources`` (default: every one of the backend's)
     have published by the time the block is entered. Yields the backend's task."""
     if resources is None:
-        resources = (r.name for r in getattr(backend, "resources"))
+        resources = (r.name for r in backend.resources)
     wanted = set(resources)
     task = asyncio.create_task(backend.run(sink), name=f"test:{type(backend).__name__}")
     try:

@@ -382,9 +382,7 @@ class FakeSysfsKernel:
         if driver == "vfio-pci":
             shutil.rmtree(tree.real_dir(address) / "vfio-dev", ignore_errors=True)
             group = self._group(address)
-            still = [
-                a for a in (os.listdir(tree.groups / group / "devices") if group else []) if tree.driver_of(a) == "vfio-pci"
-            ]
+            still = [a for a in (os.listdir(tree.groups / group / "devices") if group else []) if tree.driver_of(a) == "vfio-pci"]
             if group is not None and not still and tree.dev_root is not None:
                 name = f"noiommu-{group}" if (tree.groups / group / "name").exists() else group
                 (tree.dev_root / "dev" / "vfio" / name).unlink(missing_ok=True)

@@ -24,10 +24,31 @@ def run_bench(script: str, *args: str) -> dict:
 
 
 def test_bench_daemon_reports_every_figure() -> None:
-    figures = run_bench("bench_daemon.py", "--resources", "2", "--devices", "8", "--calls", "50",
-                        "--seconds", "0.5", "--restarts", "1", "--health-rounds", "2")
-    for key in ("start_s", "reregister_s", "allocate_ms_p50", "allocate_ms_p99", "allocate_per_s",
-                "health_update_ms_p50", "rss_mib_idle", "rss_mib_after_load"):
+    figures = run_bench(
+        "bench_daemon.py",
+        "--resources",
+        "2",
+        "--devices",
+        "8",
+        "--calls",
+        "50",
+        "--seconds",
+        "0.5",
+        "--restarts",
+        "1",
+        "--health-rounds",
+        "2",
+    )
+    for key in (
+        "start_s",
+        "reregister_s",
+        "allocate_ms_p50",
+        "allocate_ms_p99",
+        "allocate_per_s",
+        "health_update_ms_p50",
+        "rss_mib_idle",
+        "rss_mib_after_load",
+    ):
         assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
     assert figures["exit_status"] == 0
     assert set(figures["missed"]) <= set(figures["goals"])

@@ -10,7 +10,6 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug import backend as backend_module
 from cdiplug.backend import (
     ENTRY_POINT_GROUP,
@@ -26,6 +25,7 @@ from cdiplug.backend import (
     load_plugins,
 )
 from cdiplug.errors import BackendInitError
+from cdiplug_backends.fake import plugin as fake_plugin
 
 
 def test_installed_plugins_are_found_through_entry_points():
@@ -46,7 +46,10 @@ def test_plugins_are_imported_only_when_asked_for(monkeypatch):
     plugins = load_plugins()
     assert list(plugins) == ["fake", "never"]  # listing imports nothing
     assert plugins["fake"] is fake_plugin
-    with pytest.raises(BackendInitError, match=r"backend 'never' cannot be loaded from entry point cdiplug_no_such_module:plugin: ModuleNotFoundError"):
+    with pytest.raises(
+        BackendInitError,
+        match=r"backend 'never' cannot be loaded from entry point cdiplug_no_such_module:plugin: ModuleNotFoundError",
+    ):
         plugins["never"]
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdiplug.errors import CdiNameError
 from cdiplug.names import (
     check_kind,
     device_name,
@@ -20,7 +21,6 @@ from cdiplug.names import (
     qualified_name_problem,
     spec_file_name,
 )
-from cdiplug.errors import CdiNameError
 
 DEVICE_RULE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 

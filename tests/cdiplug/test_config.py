@@ -22,10 +22,10 @@ from cdiplug.config import (
     load_config,
     parse_config,
 )
-from cdiplug.host import group_by_backend
-from cdiplug.resource import ResourceConfig
 from cdiplug.errors import BackendNotFound, ConfigError
+from cdiplug.host import group_by_backend
 from cdiplug.model import DEFAULT_ALLOCATE, AllocatePart
+from cdiplug.resource import ResourceConfig
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -38,7 +38,13 @@ def test_built_in_default():
     config = load_config(None)
     assert config.source == "<built-in default>"
     [r] = config.resources
-    assert (r.name, r.backend, r.cdi_kind, r.allocate, r.replicas) == ("example.com/fpga", "fake", "example.com/fpga", DEFAULT_ALLOCATE, 1)
+    assert (r.name, r.backend, r.cdi_kind, r.allocate, r.replicas) == (
+        "example.com/fpga",
+        "fake",
+        "example.com/fpga",
+        DEFAULT_ALLOCATE,
+        1,
+    )
     assert (r.options.count, r.options.numa_nodes, r.options.health_file) == (2, (), None)
     assert "example.com/fpga" in DEFAULT_CONFIG_YAML
 
@@ -98,7 +104,11 @@ ERRORS = [
         "unknown key 'replica' (allowed: name, backend, options, cdi_kind, allocate, replicas, api, dra_driver)",
         "$.resources[0]",
     ),
-    ("resources:\n  - {name: fpga, backend: fake}\n", "resource name 'fpga' needs a domain prefix, as in example.com/fpga", "$.resources[0].name"),
+    (
+        "resources:\n  - {name: fpga, backend: fake}\n",
+        "resource name 'fpga' needs a domain prefix, as in example.com/fpga",
+        "$.resources[0].name",
+    ),
     (
         "resources:\n" + R + "  - {name: kubernetes.io/gpu, backend: fake}\n",
         "resource name 'kubernetes.io/gpu' is in the kubernetes.io domain, which is reserved for native resources",
@@ -223,14 +233,20 @@ def test_options_cross_field_problems_name_the_field():
 
 def test_a_backend_may_choose_the_default_cdi_kind_and_cdi_kind_still_wins():
     plugins = {
-        "own": BackendPlugin(name="own", options_type=PairOptions, create=lambda rs, w: None,  # type: ignore[arg-type,return-value]
-                             default_cdi_kind=lambda name: f"cdiplug.{name}"),
+        "own": BackendPlugin(
+            name="own",
+            options_type=PairOptions,
+            create=lambda rs, w: None,  # type: ignore[arg-type,return-value]
+            default_cdi_kind=lambda name: f"cdiplug.{name}",
+        ),
     }
     config = parse_config(
-        {"resources": [
-            {"name": "nvidia.com/gpu", "backend": "own"},
-            {"name": "nvidia.com/a10", "backend": "own", "cdi_kind": "example.com/a10"},
-        ]},
+        {
+            "resources": [
+                {"name": "nvidia.com/gpu", "backend": "own"},
+                {"name": "nvidia.com/a10", "backend": "own", "cdi_kind": "example.com/a10"},
+            ]
+        },
         "c.yaml",
         plugins,
     )

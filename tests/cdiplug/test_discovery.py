@@ -8,12 +8,12 @@ import asyncio
 import pytest
 from attrs import frozen
 
-from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import load_config, parse_config
 from cdiplug.discovery import discover_once
 from cdiplug.errors import BackendError
 from cdiplug.model import Device, DeviceSnapshot
+from cdiplug_backends.fake import plugin as fake_plugin
 
 
 @frozen
@@ -81,13 +81,25 @@ async def test_backend_that_stops_without_reporting_everything(world):
 
 async def test_backend_error_is_its_own(world):
     p = plugins(publish=[], then="raise")
-    cfg = parse_config(config(("ab.io/one", "scripted"),), "c", p)
+    cfg = parse_config(
+        config(
+            ("ab.io/one", "scripted"),
+        ),
+        "c",
+        p,
+    )
     with pytest.raises(BackendError, match="sysfs is not there"):
         await discover_once(cfg, world, p)
 
 
 async def test_silent_backend_times_out(world):
     p = plugins(publish=[])
-    cfg = parse_config(config(("ab.io/one", "scripted"),), "c", p)
+    cfg = parse_config(
+        config(
+            ("ab.io/one", "scripted"),
+        ),
+        "c",
+        p,
+    )
     with pytest.raises(BackendError, match=r"backend scripted reported nothing within 0.05 s"):
         await discover_once(cfg, world, p, timeout=0.05)

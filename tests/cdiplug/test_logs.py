@@ -52,7 +52,7 @@ def test_json_carries_the_traceback_on_one_line(restore_root: None) -> None:
     out = io.StringIO()
     setup_logging("json", stream=out)
     try:
-        raise ValueError("bad \"quote\"\nand newline")
+        raise ValueError('bad "quote"\nand newline')
     except ValueError:
         logging.getLogger("cdiplug.supervisor").exception("task failed", extra={"resource": "r/x"})
     [line] = out.getvalue().splitlines()
@@ -65,7 +65,9 @@ def test_text_lines(restore_root: None) -> None:
     out = io.StringIO()
     setup_logging("text", level="DEBUG", stream=out)
     logging.getLogger("cdiplug.deviceplugin.server").debug("stream opened", extra={"resource": "example.com/fpga"})
-    logging.getLogger("cdiplug.deviceplugin.allocator").info("prepared", extra={"resource": "example.com/nic", "device": "0000:3b:00.1"})
+    logging.getLogger("cdiplug.deviceplugin.allocator").info(
+        "prepared", extra={"resource": "example.com/nic", "device": "0000:3b:00.1"}
+    )
     first, second = out.getvalue().splitlines()
     assert re.fullmatch(r"\S+Z DEBUG cdiplug\.deviceplugin\.server \[example\.com/fpga\]: stream opened", first)
     assert second.endswith("INFO cdiplug.deviceplugin.allocator [example.com/nic 0000:3b:00.1]: prepared")

@@ -85,7 +85,11 @@ def test_merge_later_env_wins_and_duplicates_kept_once():
     )
     m = a.merge(b)
     assert dict(m.env) == {"A": "1", "B": "2", "C": "2"}
-    assert [(n.path, n.permissions) for n in m.device_nodes] == [("/dev/vfio/vfio", "rw"), ("/dev/vfio/1", "rw"), ("/dev/vfio/2", "rw")]
+    assert [(n.path, n.permissions) for n in m.device_nodes] == [
+        ("/dev/vfio/vfio", "rw"),
+        ("/dev/vfio/1", "rw"),
+        ("/dev/vfio/2", "rw"),
+    ]
     assert [(x.host_path, x.container_path) for x in m.mounts] == [("/h1", "/c"), ("/h3", "/d")]
     assert m.hooks == (hook,) and m.additional_gids == (10, 11, 12)
 

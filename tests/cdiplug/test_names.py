@@ -66,8 +66,17 @@ def test_socket_name_and_class():
 
 @pytest.mark.parametrize(
     ("name", "ok"),
-    [("worker-1", True), ("a.b-c.d", True), ("Worker", False), ("-a", False), ("a.", False),
-     ("a" * 63 + "." + "b" * 63, True), ("a" * 253, True), ("a" * 254, False), ("node\n", False)],
+    [
+        ("worker-1", True),
+        ("a.b-c.d", True),
+        ("Worker", False),
+        ("-a", False),
+        ("a.", False),
+        ("a" * 63 + "." + "b" * 63, True),
+        ("a" * 253, True),
+        ("a" * 254, False),
+        ("node\n", False),
+    ],
 )
 def test_dns_subdomain(name: str, ok: bool) -> None:
     assert is_dns_subdomain(name) is ok

@@ -21,17 +21,17 @@ import pytest
 from attrs import frozen
 from prometheus_client import CollectorRegistry
 
-from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin, PluginRegistry, SnapshotSink
 from cdiplug.config import Config, parse_config
-from cdiplug.resource import ResourceConfig
 from cdiplug.errors import BackendInitError
-from cdiplug.node import Node
 from cdiplug.metrics import Metrics
 from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.node import Node
+from cdiplug.resource import ResourceConfig
 from cdiplug.supervisor import Supervisor
 from cdiplug.testing import KubeletStandIn
 from cdiplug.world import World
+from cdiplug_backends.fake import plugin as fake_plugin
 
 A, B, C, D = "example.com/alpha", "example.com/beta", "example.com/gamma", "example.com/delta"
 
@@ -119,7 +119,9 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 class Running:
-    def __init__(self, manager: Node, kubelet: KubeletStandIn, supervisor: Supervisor, world: World, plugins: PluginRegistry) -> None:
+    def __init__(
+        self, manager: Node, kubelet: KubeletStandIn, supervisor: Supervisor, world: World, plugins: PluginRegistry
+    ) -> None:
         self.manager, self.kubelet, self.supervisor, self.world, self.plugins = manager, kubelet, supervisor, world, plugins
 
     def registrations(self, resource: str) -> int:
@@ -127,7 +129,9 @@ class Running:
 
     async def registered_again(self, resource: str, before: int) -> None:
         await self.kubelet.wait_until(
-            lambda: self.registrations(resource) > before and self.kubelet.is_registered(resource), 5, f"{resource} registered again"
+            lambda: self.registrations(resource) > before and self.kubelet.is_registered(resource),
+            5,
+            f"{resource} registered again",
         )
 
 
@@ -176,7 +180,9 @@ async def test_one_backend_per_plugin_serves_every_resource(running: Running, re
     assert sample(registry, "cdiplug_devices", resource=A, health="healthy") == 2
 
 
-async def test_cdi_specs_are_written_and_stale_ones_removed(world: World, plugins: PluginRegistry, registry: CollectorRegistry) -> None:
+async def test_cdi_specs_are_written_and_stale_ones_removed(
+    world: World, plugins: PluginRegistry, registry: CollectorRegistry
+) -> None:
     (world.cdi_dir / "cdiplug-example.com-old.json").write_text("{}")
     (world.cdi_dir / "vendor-other.json").write_text("{}")
     config = config_of(plugins, {"name": A, "backend": "scripted"})
@@ -232,13 +238,17 @@ async def test_a_snapshot_for_another_backends_resource_is_ignored(running: Runn
     assert any("not one of its own" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_failed_cdi_write_is_logged_not_fatal(world: World, plugins: PluginRegistry, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_failed_cdi_write_is_logged_not_fatal(
+    world: World, plugins: PluginRegistry, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
     world.cdi_dir.rmdir()
     world.cdi_dir.write_text("a file where the CDI folder should be")
     config = config_of(plugins, {"name": A, "backend": "scripted"})
     async for r in start(world, plugins, config, registry):
         assert r.kubelet.capacity(A) == 2  # advertised all the same
-        errors = [rec for rec in caplog.records if rec.levelno == logging.ERROR and "cannot write the CDI spec" in rec.getMessage()]
+        errors = [
+            rec for rec in caplog.records if rec.levelno == logging.ERROR and "cannot write the CDI spec" in rec.getMessage()
+        ]
         assert errors and errors[0].resource == A
         # Allocate tries again and fails clearly.
         pod = await r.kubelet.admit_pod("p", {A: 1})

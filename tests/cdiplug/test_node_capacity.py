@@ -63,7 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *_args: Any) -> None:
         pass
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.requests.append(
             {
@@ -77,7 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.token and self.headers.get("Authorization") != f"Bearer {self.server.token}":
             return self._status(401, "Unauthorized")
         if self.server.forbid:
-            return self._status(403, 'nodes "worker-1" is forbidden: User "system:serviceaccount:x:y" cannot patch resource "nodes/status"')
+            return self._status(
+                403, 'nodes "worker-1" is forbidden: User "system:serviceaccount:x:y" cannot patch resource "nodes/status"'
+            )
         if self.headers["Content-Type"] != "application/json-patch+json":
             return self._status(415, "unsupported media type")
         parts = self.path.split("/")
@@ -235,7 +237,9 @@ def test_unreachable_server() -> None:
         (["remove", "worker-1", "kubernetes.io/d"], "reserved for native resources"),
     ],
 )
-def test_bad_arguments_exit_2(argv: list[str], message: str, stand_in: StandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_exit_2(
+    argv: list[str], message: str, stand_in: StandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "config", url_of(stand_in), {"token": TOKEN})
     assert main(["node-capacity", *argv, "--kubeconfig", str(kubeconfig)]) == 2
     assert message in capsys.readouterr().err
@@ -320,17 +324,22 @@ def test_in_cluster_ipv6_and_missing_token(tmp_path: Path) -> None:
     with pytest.raises(KubeconfigError, match="cannot read token"):
         in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1"}, tmp_path)
     (tmp_path / "token").write_text("t")
-    assert in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}, tmp_path).url == "https://[fd00::1]:6443"
+    assert (
+        in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}, tmp_path).url
+        == "https://[fd00::1]:6443"
+    )
 
 
 # -- TLS: a CA, a server certificate for 127.0.0.1, a client certificate (as kind's kubeconfig has) --
 
 
-def _key_and_cert(name: str, issuer: tuple[Any, x509.Name] | None, ca: bool = False, ip: str | None = None) -> tuple[Any, x509.Certificate]:
+def _key_and_cert(
+    name: str, issuer: tuple[Any, x509.Name] | None, ca: bool = False, ip: str | None = None
+) -> tuple[Any, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     signing_key, issuer_name = issuer if issuer else (key, subject)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -387,7 +396,9 @@ def test_https_with_ca_and_client_certificate_data(tls_stand_in: tuple[StandIn, 
 def test_https_refuses_an_unknown_ca(tls_stand_in: tuple[StandIn, bytes, bytes, bytes]) -> None:
     server, _ca, cert, key = tls_stand_in
     other_ca = _pem(_key_and_cert("other CA", None, ca=True)[1]).decode()
-    api = ApiServer(url=url_of(server, "https"), source="test", ca_pem=other_ca, client_cert_pem=cert.decode(), client_key_pem=key.decode())
+    api = ApiServer(
+        url=url_of(server, "https"), source="test", ca_pem=other_ca, client_cert_pem=cert.decode(), client_key_pem=key.decode()
+    )
     with pytest.raises(NodeCapacityError, match="CERTIFICATE_VERIFY_FAILED"):
         NodeCapacity(api, timeout=5).set("worker-1", {"example.com/dongle": 2})
     assert server.requests == []

@@ -53,7 +53,9 @@ def test_dry_run_prints_the_plan_in_order(tmp_path: Path) -> None:
     result = dry_run(tmp_path)
     assert result.returncode == 0, result.stderr
     lines = [" ".join(c) for c in commands(result.stdout)]
-    image = yaml.safe_load((ROOT / "deploy/base/daemonset.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]["image"]
+    image = yaml.safe_load((ROOT / "deploy/base/daemonset.yaml").read_text())["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ]
     node = "cdiplug-e2e-control-plane"
     expected = [
         r"kind create cluster --name cdiplug-e2e --config \S+/kind.yaml",
@@ -98,7 +100,9 @@ def test_names_match_the_manifests(tmp_path: Path) -> None:
     pods = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in (ROOT / "deploy/examples").glob("fpga-pod-*.yaml")}
     assert pods == {"fpga-pod-1", "fpga-pod-2", "fpga-pod-greedy"}
     daemonset = yaml.safe_load((ROOT / "deploy/base/daemonset.yaml").read_text())
-    (port,) = [p["containerPort"] for p in daemonset["spec"]["template"]["spec"]["containers"][0]["ports"] if p["name"] == "metrics"]
+    (port,) = [
+        p["containerPort"] for p in daemonset["spec"]["template"]["spec"]["containers"][0]["ports"] if p["name"] == "metrics"
+    ]
     assert any(f":{port}/proxy/metrics" in " ".join(c) for c in lines)
 
 

@@ -212,10 +212,16 @@ def test_config_files_parse() -> None:
 
 def test_strategic_merge_subset() -> None:
     base = {"a": {"b": 1, "c": 2}, "containers": [{"name": "x", "args": ["1"], "env": [{"name": "E", "value": "1"}]}]}
-    strategic_merge(base, {"a": {"c": None}, "containers": [{"name": "x", "args": ["2"], "env": [{"name": "F", "value": "2"}]}, {"name": "y"}]})
+    strategic_merge(
+        base,
+        {"a": {"c": None}, "containers": [{"name": "x", "args": ["2"], "env": [{"name": "F", "value": "2"}]}, {"name": "y"}]},
+    )
     assert base == {
         "a": {"b": 1},
-        "containers": [{"name": "x", "args": ["2"], "env": [{"name": "E", "value": "1"}, {"name": "F", "value": "2"}]}, {"name": "y"}],
+        "containers": [
+            {"name": "x", "args": ["2"], "env": [{"name": "E", "value": "1"}, {"name": "F", "value": "2"}]},
+            {"name": "y"},
+        ],
     }
 
 
@@ -230,7 +236,10 @@ def test_daemonset_mounts_every_folder_it_uses(name: str) -> None:
         path = d.flags.get(flag, str(default))
         assert d.host_path_of(path) == PurePosixPath(path), f"{name}: --{flag} {path} is not the node's folder"
         assert not [ro for c, _, ro in d.mounts() if c == PurePosixPath(path) and ro], f"{name}: --{flag} is mounted read-only"
-    assert d.host_path_of(d.flags.get("cdi-dir", str(DEFAULT_CDI_DIR))) in (PurePosixPath("/var/run/cdi"), PurePosixPath("/etc/cdi"))
+    assert d.host_path_of(d.flags.get("cdi-dir", str(DEFAULT_CDI_DIR))) in (
+        PurePosixPath("/var/run/cdi"),
+        PurePosixPath("/etc/cdi"),
+    )
 
     backends = {r.backend for r in d.config.resources}
     if backends & {"pci", "nvidia"}:
@@ -250,7 +259,9 @@ def test_daemonset_mounts_every_folder_it_uses(name: str) -> None:
             if value.is_relative_to("/proc"):
                 assert d.pod.get("hostPID"), f"{name}: {resource.name} options.{field.name} {value} needs hostPID"
             else:
-                assert d.host_path_of(value) is not None, f"{name}: {resource.name} options.{field.name} {value} is on no hostPath"
+                assert d.host_path_of(value) is not None, (
+                    f"{name}: {resource.name} options.{field.name} {value} is on no hostPath"
+                )
 
 
 @pytest.mark.parametrize("name", DAEMON_KUSTOMIZATIONS)
@@ -304,7 +315,9 @@ def test_overlays_stay_consistent_with_the_base() -> None:
         assert overlay.daemonset["spec"]["template"]["metadata"] == base.daemonset["spec"]["template"]["metadata"]
         for key in ("priorityClassName", "tolerations", "volumes"):
             for item in base.pod[key] if isinstance(base.pod[key], list) else [base.pod[key]]:
-                assert item in (overlay.pod[key] if isinstance(overlay.pod[key], list) else [overlay.pod[key]]), f"{name}: {key} {item}"
+                assert item in (overlay.pod[key] if isinstance(overlay.pod[key], list) else [overlay.pod[key]]), (
+                    f"{name}: {key} {item}"
+                )
         for key in ("image", "ports", "livenessProbe", "readinessProbe"):
             assert overlay.container[key] == base.container[key], f"{name}: container {key}"
         # An overlay may give more memory, never less.
@@ -312,7 +325,9 @@ def test_overlays_stay_consistent_with_the_base() -> None:
             mine, theirs = overlay.container["resources"][kind], base.container["resources"][kind]
             assert set(mine) == set(theirs), f"{name}: resources.{kind}"
             for quantity in theirs:
-                assert int(str(mine[quantity]).rstrip("Mim")) >= int(str(theirs[quantity]).rstrip("Mim")), f"{name}: {kind}.{quantity}"
+                assert int(str(mine[quantity]).rstrip("Mim")) >= int(str(theirs[quantity]).rstrip("Mim")), (
+                    f"{name}: {kind}.{quantity}"
+                )
         for mount in base.container["volumeMounts"]:
             assert mount in overlay.container["volumeMounts"], f"{name}: lost mount {mount}"
         # An overlay may add flags, never change the base's.

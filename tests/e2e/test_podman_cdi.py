@@ -31,7 +31,6 @@ from attrs import frozen
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from cdiplug_backends.fake import plugin as fake_plugin
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.version import parse
@@ -41,6 +40,7 @@ from cdiplug.daemon import serve
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
 from cdiplug.testing import KubeletStandIn
 from cdiplug.world import World
+from cdiplug_backends.fake import plugin as fake_plugin
 
 pytestmark = pytest.mark.e2e
 
@@ -87,13 +87,17 @@ class NodeBackend:
                 id=f"node-{i}",
                 edits=ContainerEdits(
                     env={f"E2E_NODE_{i}": f"node-{i}"},
-                    device_nodes=[DeviceNode(path=f"/dev/e2e-node{i}", host_path=str(opts.folder / f"node{i}"), permissions="rw")],
+                    device_nodes=[
+                        DeviceNode(path=f"/dev/e2e-node{i}", host_path=str(opts.folder / f"node{i}"), permissions="rw")
+                    ],
                     mounts=[Mount(host_path=str(opts.folder / f"share{i}"), container_path=f"/mnt/e2e-{i}", read_only=True)],
                 ),
             )
             for i in range(opts.count)
         ]
-        return DeviceSnapshot(resource=resource.name, devices=devices, common_edits=ContainerEdits(env={"E2E_NODE_DRIVER": "mknod"}))
+        return DeviceSnapshot(
+            resource=resource.name, devices=devices, common_edits=ContainerEdits(env={"E2E_NODE_DRIVER": "mknod"})
+        )
 
     async def run(self, sink: SnapshotSink) -> None:
         for resource in self.resources:
@@ -118,7 +122,9 @@ def podman_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     if os.geteuid() != 0:
         pytest.fail("the CDI e2e test needs root: podman reads CDI specs only from /etc/cdi and /var/run/cdi")
     folder = tmp_path_factory.mktemp("podman")
-    setup = subprocess.run([str(REPO / "hack" / "podman-setup.sh"), str(folder), IMAGE], capture_output=True, text=True, timeout=300)
+    setup = subprocess.run(
+        [str(REPO / "hack" / "podman-setup.sh"), str(folder), IMAGE], capture_output=True, text=True, timeout=300
+    )
     if setup.returncode != 0:
         pytest.fail(f"hack/podman-setup.sh failed:\n{setup.stderr}")
     env = dict(os.environ, CONTAINERS_CONF=str(folder / "containers.conf"), CONTAINERS_STORAGE_CONF=str(folder / "storage.conf"))
@@ -222,7 +228,9 @@ def expected_from_specs(specs: dict[str, dict[str, Any]], cdi_devices: Sequence[
 def check_container(report: Report, expected: Expected, label: str) -> None:
     for key, value in expected.env.items():
         assert report.env.get(key) == value, f"{label}: env {key}={value} missing (got {report.env.get(key)!r})"
-    assert not expected.absent_env & report.env.keys(), f"{label}: sees env of other devices: {expected.absent_env & report.env.keys()}"
+    assert not expected.absent_env & report.env.keys(), (
+        f"{label}: sees env of other devices: {expected.absent_env & report.env.keys()}"
+    )
     assert set(report.nodes) == expected.nodes, f"{label}: device nodes {sorted(report.nodes)}, want {sorted(expected.nodes)}"
     for node, what in report.nodes.items():
         assert what.startswith("character special file"), f"{label}: {node} is {what}"
@@ -261,7 +269,9 @@ def official_schema() -> jsonschema.Draft7Validator:
     """The official CDI JSON schema (copied into tests/cdiplug/cdi/schema), defs.json resolved."""
     folder = REPO / "tests" / "cdiplug" / "cdi" / "schema"
     defs = Resource.from_contents(json.loads((folder / "defs.json").read_text()), default_specification=DRAFT7)
-    return jsonschema.Draft7Validator(json.loads((folder / "schema.json").read_text()), registry=Registry().with_resource("defs.json", defs))
+    return jsonschema.Draft7Validator(
+        json.loads((folder / "schema.json").read_text()), registry=Registry().with_resource("defs.json", defs)
+    )
 
 
 def read_specs(paths: list[Path]) -> dict[str, dict[str, Any]]:
@@ -271,7 +281,9 @@ def read_specs(paths: list[Path]) -> dict[str, dict[str, Any]]:
         assert check_file(path) == [], check_file(path)
         spec = json.loads(path.read_text())
         assert [e.message for e in schema.iter_errors(spec)] == [], path
-        assert parse(spec["cdiVersion"]) <= parse(PODMAN_MAX_VERSION), f"{path}: cdiVersion {spec['cdiVersion']} is too new for podman 4.3"
+        assert parse(spec["cdiVersion"]) <= parse(PODMAN_MAX_VERSION), (
+            f"{path}: cdiVersion {spec['cdiVersion']} is too new for podman 4.3"
+        )
         assert path.stat().st_mode & 0o7777 == 0o644
         specs[spec["kind"]] = spec
     return specs
@@ -315,7 +327,9 @@ async def test_allocate_answers_work_in_podman(podman_env: dict[str, str], cdi_f
     cdi_world = attrs.evolve(world, cdi_dir=CDI_DIR)
     async with node(make_config(devices_folder), cdi_world) as kubelet:
         for resource, count in ((FPGA, 3), (NIC, 2), (NODE, 2)):
-            await kubelet.wait_until(lambda r=resource, n=count: kubelet.allocatable(r) == n, timeout=10, what=f"{count} {resource}")
+            await kubelet.wait_until(
+                lambda r=resource, n=count: kubelet.allocatable(r) == n, timeout=10, what=f"{count} {resource}"
+            )
         one = await kubelet.admit_pod("pod-a", {FPGA: 2, NIC: 1, NODE: 1})
         two = await kubelet.admit_pod("pod-b", [{FPGA: 1, NODE: 1}, {NIC: 1}])  # two containers
         assert one.admitted and two.admitted, (one, two)

@@ -41,7 +41,9 @@ def sock(world: World, resource: str) -> Path:
 
 
 def write_config(path: Path, resources: dict[str, int]) -> Path:
-    path.write_text(yaml.safe_dump({"resources": [{"name": n, "backend": "fake", "options": {"count": c}} for n, c in resources.items()]}))
+    path.write_text(
+        yaml.safe_dump({"resources": [{"name": n, "backend": "fake", "options": {"count": c}} for n, c in resources.items()]})
+    )
     return path
 
 
@@ -86,7 +88,9 @@ async def test_kubelet_restart_with_the_folder_wiped(world: World, short_tmp: Pa
         await kubelet.restart(wipe=True)
         restarted = time.monotonic()
         for name in (FPGA, NIC, ACC):
-            await kubelet.wait_until(lambda n=name: registrations(kubelet, n) == 2 and kubelet.is_registered(n), 5, f"{name} again")
+            await kubelet.wait_until(
+                lambda n=name: registrations(kubelet, n) == 2 and kubelet.is_registered(n), 5, f"{name} again"
+            )
         took = time.monotonic() - restarted
         assert took < 2.0, f"re-registration took {took:.3f} s"  # the goal is 0.5 s; CI machines vary
         for name in (FPGA, NIC, ACC):

@@ -20,20 +20,19 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 import yaml
 
-from typing import Any
-
 from cdiplug.backend import BackendPlugin, load_plugins
 from cdiplug.config import Config, parse_config
-from cdiplug_backends.nvidia import make_plugin
 from cdiplug.errors import BackendInitError
 from cdiplug.testing import FakeNvml, KubeletStandIn
 from cdiplug.testing import nvml as fake_module
 from cdiplug.world import World
+from cdiplug_backends.nvidia import make_plugin
 
 GPU = "nvidia.com/gpu"
 KIND = "cdiplug.nvidia.com/gpu"
@@ -171,7 +170,9 @@ async def test_fail_on_init_error_stops_the_daemon(gpu_world: World, fake: FakeN
 
     fake.fail_init(fake_module.NVML_ERROR_DRIVER_NOT_LOADED)
     with pytest.raises(BackendInitError, match="fail_on_init_error"):
-        await asyncio.wait_for(serve(make_config(fail_on_init_error=True), gpu_world, plugins=plugins(fake), stop=asyncio.Event()), 10)
+        await asyncio.wait_for(
+            serve(make_config(fail_on_init_error=True), gpu_world, plugins=plugins(fake), stop=asyncio.Event()), 10
+        )
     assert list(gpu_world.kubelet_dir.glob("*.sock")) == []  # stopped cleanly: our sockets are gone
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug_backends.fake import FakeBackend, plugin
-from cdiplug_backends.fake.backend import read_health_file
 from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError
 from cdiplug.model import Health
+from cdiplug_backends.fake import FakeBackend, plugin
+from cdiplug_backends.fake.backend import read_health_file
 
 DEADLINE = 5.0
 

@@ -11,13 +11,13 @@ from typing import Any
 import attrs
 import pytest
 
-from cdiplug_backends.nvidia.backend import NvidiaBackend
 from cdiplug.config import parse_config
 from cdiplug.resource import ResourceConfig
 from cdiplug.testing import FakeNvml
 from cdiplug.testing.sink import RecordingSink
 from cdiplug.testing.sink import running as run_backend
 from cdiplug.world import World
+from cdiplug_backends.nvidia.backend import NvidiaBackend
 
 
 def resources(*entries: dict[str, Any]) -> tuple[ResourceConfig, ...]:
@@ -39,7 +39,9 @@ def machine(world: World, fake: FakeNvml) -> GpuWorld:
     return GpuWorld(**attrs.asdict(world, recurse=False), nvml=fake)
 
 
-def running(backend: NvidiaBackend, sink: RecordingSink, names: Sequence[str] | None = None) -> AbstractAsyncContextManager[asyncio.Task[None]]:
+def running(
+    backend: NvidiaBackend, sink: RecordingSink, names: Sequence[str] | None = None
+) -> AbstractAsyncContextManager[asyncio.Task[None]]:
     """Run the backend until the block ends; every resource (or ``names``) has published by then."""
     return run_backend(backend, sink, names)
 

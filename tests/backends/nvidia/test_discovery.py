@@ -12,14 +12,14 @@ from pathlib import Path
 
 import attrs
 
-from cdiplug_backends.nvidia.discovery import IDS_ENV, assign, discover, numa_node
-from cdiplug_backends.nvidia.driver import driver_mounts
-from cdiplug_backends.nvidia.nvml import Nvml
-from cdiplug_backends.nvidia.options import NvidiaOptions
 from cdiplug.model import DeviceNode, Health, Mount
 from cdiplug.testing import FakeNvml, SysfsTree
 from cdiplug.testing.nvml import FakeGpu
 from cdiplug.world import World
+from cdiplug_backends.nvidia.discovery import IDS_ENV, assign, discover, numa_node
+from cdiplug_backends.nvidia.driver import driver_mounts
+from cdiplug_backends.nvidia.nvml import Nvml
+from cdiplug_backends.nvidia.options import NvidiaOptions
 
 
 def mixed_machine() -> FakeNvml:
@@ -28,7 +28,14 @@ def mixed_machine() -> FakeNvml:
         FakeGpu(uuid=f"GPU-h100-{i}", name="NVIDIA H100 80GB HBM3", pci_bus_id=f"0000:1{i}:00.0", minor=i, numa_node=0)
         for i in range(2)
     ] + [
-        FakeGpu(uuid=f"GPU-a10-{i}", name="NVIDIA A10", memory_total=24 * 2**30, pci_bus_id=f"0000:8{i}:00.0", minor=2 + i, numa_node=1)
+        FakeGpu(
+            uuid=f"GPU-a10-{i}",
+            name="NVIDIA A10",
+            memory_total=24 * 2**30,
+            pci_bus_id=f"0000:8{i}:00.0",
+            minor=2 + i,
+            numa_node=1,
+        )
         for i in range(2)
     ]
     return FakeNvml(gpus)
@@ -83,7 +90,9 @@ async def test_numa_from_a_sysfs_tree_laid_out_as_linux_does(world: World, nv, s
     for gpu, node in zip(fake.gpus, (1, 1, 0, -1), strict=True):
         tree.add_function(gpu.pci_bus_id, vendor=0x10DE, device=0x2236, class_code=0x030200, driver="nvidia", numa_node=node)
     fake.write_dev(world.dev_root)
-    async with nv.running(nv.backend(nv.resources({"name": "nvidia.com/gpu"}), nv.GpuWorld(**attrs.asdict(world, recurse=False), nvml=fake)), sink):
+    async with nv.running(
+        nv.backend(nv.resources({"name": "nvidia.com/gpu"}), nv.GpuWorld(**attrs.asdict(world, recurse=False), nvml=fake)), sink
+    ):
         snap = sink.latest["nvidia.com/gpu"]
     assert [d.numa_nodes for d in snap.devices] == [(1,), (1,), (0,), ()]
 

@@ -16,13 +16,13 @@ import threading
 
 import pytest
 
-from cdiplug_backends.nvidia.health import EventWatcher, HealthTracker, Verdict, classify
-from cdiplug_backends.nvidia.nvml import Nvml, NvmlEvent
 from cdiplug.errors import BackendInitError
 from cdiplug.model import Health
 from cdiplug.testing import FakeNvml
 from cdiplug.testing import nvml as fake_module
 from cdiplug.world import World
+from cdiplug_backends.nvidia.health import EventWatcher, HealthTracker, Verdict, classify
+from cdiplug_backends.nvidia.nvml import Nvml, NvmlEvent
 
 GPU = "nvidia.com/gpu"
 

@@ -15,10 +15,10 @@ import inspect
 import pynvml
 import pytest
 
-from cdiplug_backends.nvidia.nvml import GpuInfo, Nvml, NvmlError, NvmlUnavailable, PcieLevel, normalize_bus_id
 from cdiplug.testing import FakeNvml
 from cdiplug.testing import nvml as fake_module
 from cdiplug.testing.nvml import FakeGpu, NVMLError
+from cdiplug_backends.nvidia.nvml import GpuInfo, Nvml, NvmlError, NvmlUnavailable, PcieLevel, normalize_bus_id
 
 
 def test_constants_match_pynvml() -> None:

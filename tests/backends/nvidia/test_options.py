@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from cdiplug_backends.nvidia.nvml import GpuInfo
-from cdiplug_backends.nvidia.options import DEFAULT_IGNORED_XIDS, GpuSelector, MemorySize, NvidiaOptions, ReplicaStrategy
 from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError
+from cdiplug_backends.nvidia.nvml import GpuInfo
+from cdiplug_backends.nvidia.options import DEFAULT_IGNORED_XIDS, GpuSelector, MemorySize, NvidiaOptions, ReplicaStrategy
 
 
 def options(raw: dict[str, Any]) -> NvidiaOptions:

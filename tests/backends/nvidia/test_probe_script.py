@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug_backends.nvidia.cdi_kind import NVIDIA_OWNED_KINDS, clash_problem, default_cdi_kind
-from cdiplug.names import kind_problem
 from cdiplug.cdi.spec import from_json
 from cdiplug.cdi.validate import check_document, load_document
+from cdiplug.names import kind_problem
+from cdiplug_backends.nvidia.cdi_kind import NVIDIA_OWNED_KINDS, clash_problem, default_cdi_kind
 
 SCRIPT = Path(__file__).resolve().parents[3] / "hack" / "nvidia-probe"
 
@@ -40,7 +40,10 @@ def test_without_a_driver_it_says_so_and_exits_1() -> None:
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize(("fake", "count", "best4"), [("nvswitch8", 8, "[0, 1, 2, 3]"), ("nvlink-pairs", 8, "[0, 1, 2, 3]"), ("pcie-box", 4, "[0, 1, 2, 3]")])
+@pytest.mark.parametrize(
+    ("fake", "count", "best4"),
+    [("nvswitch8", 8, "[0, 1, 2, 3]"), ("nvlink-pairs", 8, "[0, 1, 2, 3]"), ("pcie-box", 4, "[0, 1, 2, 3]")],
+)
 def test_with_a_fake_machine_it_prints_everything(fake: str, count: int, best4: str) -> None:
     result = run("--fake", fake)
     assert result.returncode == 0, result.stderr

@@ -16,16 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdiplug_backends.nvidia import topology
-from cdiplug_backends.nvidia.discovery import discover
-from cdiplug_backends.nvidia.nvml import Nvml, PcieLevel
-from cdiplug_backends.nvidia.options import ReplicaStrategy
-from cdiplug_backends.nvidia.topology import PairLink, Topology, best_set, preferred, set_score
 from cdiplug.model import PreferredRequest
 from cdiplug.replicas import replica_id
 from cdiplug.testing import FakeNvml
 from cdiplug.testing import nvml as fake_module
 from cdiplug.world import World
+from cdiplug_backends.nvidia import topology
+from cdiplug_backends.nvidia.discovery import discover
+from cdiplug_backends.nvidia.nvml import Nvml, PcieLevel
+from cdiplug_backends.nvidia.options import ReplicaStrategy
+from cdiplug_backends.nvidia.topology import PairLink, Topology, best_set, preferred, set_score
 
 FIXTURES = {"nvswitch8": FakeNvml.nvswitch8, "nvlink_pairs": FakeNvml.nvlink_pairs, "pcie_box": FakeNvml.pcie_box}
 
@@ -47,9 +47,7 @@ MACHINES = {name: read(make()) for name, make in FIXTURES.items()}
 
 
 def brute_best(available: list[str], size: int, must: list[str], score) -> int:
-    return max(
-        set_score(c, score) for c in itertools.combinations(available, size) if set(must) <= set(c)
-    )
+    return max(set_score(c, score) for c in itertools.combinations(available, size) if set(must) <= set(c))
 
 
 def test_scores_on_the_fixtures() -> None:

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from cdiplug_backends.pci import PciBackend, plugin
 from cdiplug.config import parse_config
 from cdiplug.resource import ResourceConfig
 from cdiplug.testing.sink import RecordingSink
 from cdiplug.testing.sink import running as run_backend
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug.world import World
+from cdiplug_backends.pci import PciBackend, plugin
 
 DEADLINE = 5.0
 
@@ -40,9 +40,16 @@ def kernel(tree: SysfsTree) -> FakeSysfsKernel:
 
 def add_nic_with_vfs(tree: SysfsTree, vfs: int = 2, numa: int = 1) -> list[str]:
     """An Intel PF 0000:3b:00.0 (i40e, ens1f0, group 5) with ``vfs`` VFs 0000:3b:02.N (iavf, groups 40+)."""
-    tree.add_function("0000:3b:00.0", vendor=0x8086, device=0x1572, driver="i40e", iommu_group=5, numa_node=numa, netdevs=["ens1f0"])
+    tree.add_function(
+        "0000:3b:00.0", vendor=0x8086, device=0x1572, driver="i40e", iommu_group=5, numa_node=numa, netdevs=["ens1f0"]
+    )
     return tree.add_vfs(
-        "0000:3b:00.0", [f"0000:3b:02.{i}" for i in range(vfs)], device=0x154C, driver="iavf", first_group=40, netdev_prefix="ens1f0"
+        "0000:3b:00.0",
+        [f"0000:3b:02.{i}" for i in range(vfs)],
+        device=0x154C,
+        driver="iavf",
+        first_group=40,
+        netdev_prefix="ens1f0",
     )
 
 

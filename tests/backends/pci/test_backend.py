@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import attrs
 import pytest
 
-from cdiplug_backends.pci import PciBackend
-from cdiplug_backends.pci.journal import Journal
 from cdiplug.backend import abilities_of
 from cdiplug.errors import DeviceInUse, PreparationError
-from cdiplug.testing.sysfs import FakeSysfsKernel, FakeUdevMonitor, SimulatedCrash, SysfsTree
 from cdiplug.host import Preparations
+from cdiplug.testing.sysfs import FakeSysfsKernel, FakeUdevMonitor, SimulatedCrash, SysfsTree
 from cdiplug.world import World
+from cdiplug_backends.pci import PciBackend
+from cdiplug_backends.pci.journal import Journal
 
 from .conftest import add_nic_with_vfs, make_backend, running
 
@@ -66,7 +65,10 @@ async def test_recovery_at_start_checks_what_is_left_of_a_half_done_bind(
         tree.add_function(address, vendor=0x144D, device=0xA808, class_code=0x010802, driver="nvme", iommu_group=9)
         tree.add_block(address, disk, dev)
     (tmp_path / "mountinfo").write_text("")
-    spec = ("example.com/nvme", {"selectors": [{"class": "0x010802"}], "vfio": True, "mountinfo": str(tmp_path / "mountinfo"), "force": force})
+    spec = (
+        "example.com/nvme",
+        {"selectors": [{"class": "0x010802"}], "vfio": True, "mountinfo": str(tmp_path / "mountinfo"), "force": force},
+    )
     crashing = make_backend(world, [spec], writer=kernel)
     kernel.crash_after = 4  # the first disk on vfio-pci, the second with its override only
     await crashing.rescan()
@@ -86,7 +88,10 @@ async def test_recovery_at_start_checks_what_is_left_of_a_half_done_bind(
         assert drivers == {NVME0: "nvme", NVME1: "nvme"}
         assert tree.driver_override(NVME0) is None and tree.driver_override(NVME1) is None
         assert journal.all_bound() == {}
-        assert f"rolled back rather than bind {NVME1}: in use by the host: block device nvme1n1 (259:1) is mounted on /var/lib/data" in caplog.text
+        assert (
+            f"rolled back rather than bind {NVME1}: in use by the host: block device nvme1n1 (259:1) is mounted on /var/lib/data"
+            in caplog.text
+        )
 
 
 async def test_udev_events_trigger_rescans_and_removal_is_immediate(world: World, tree: SysfsTree, kernel) -> None:
@@ -241,7 +246,9 @@ async def test_restore_refuses_an_open_iommufd_device_node(world: World, tree: S
     backend = make_backend(world, [spec], writer=kernel)
     async with running(backend) as sink:
         await backend.prepare("example.com/nic-vfio", sink.latest["example.com/nic-vfio"].devices)
-        (cdev,) = [n.path for n in sink.latest["example.com/nic-vfio"].get("0000:3b:02.0").edits.device_nodes if "devices" in n.path]
+        (cdev,) = [
+            n.path for n in sink.latest["example.com/nic-vfio"].get("0000:3b:02.0").edits.device_nodes if "devices" in n.path
+        ]
         (proc / "4242" / "fd" / "9").symlink_to(cdev)
         with pytest.raises(DeviceInUse, match=rf"{cdev} is open by 4242 \(qemu-kvm\)"):
             await backend.restore(["0000:3b:02.0"])

@@ -15,13 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cdiplug_backends.pci import PciBackend, PciOptions
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import parse_config
 from cdiplug.daemon import serve
 from cdiplug.testing import KubeletStandIn
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug.world import World
+from cdiplug_backends.pci import PciBackend, PciOptions
 
 NIC, NVME = "example.com/nic-vfio", "example.com/nvme"
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from cdiplug_backends.pci.discovery import Recorded, ids_env, select_all, to_snapshot
-from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.errors import ConfigError
 from cdiplug.model import DeviceNode
 from cdiplug.testing.sysfs import SysfsTree
+from cdiplug_backends.pci.discovery import Recorded, ids_env, select_all, to_snapshot
+from cdiplug_backends.pci.sysfs import PciSysfs
 
 from .conftest import add_nic_with_vfs, resources
 
@@ -31,7 +31,9 @@ def ids(snapshot) -> list[str]:
 def mixed(tree: SysfsTree) -> SysfsTree:
     add_nic_with_vfs(tree, vfs=2)
     tree.add_function("0000:3c:00.0", vendor=0x8086, device=0x1572, driver="i40e", iommu_group=6, numa_node=0, netdevs=["ens2f0"])
-    tree.add_function("0000:5e:00.0", vendor=0x144D, device=0xA808, class_code=0x010802, driver="nvme", iommu_group=9, numa_node=0)
+    tree.add_function(
+        "0000:5e:00.0", vendor=0x144D, device=0xA808, class_code=0x010802, driver="nvme", iommu_group=9, numa_node=0
+    )
     tree.add_function("0000:00:1c.0", device=0xA110, class_code=0x060400, driver="pcieport", iommu_group=7)
     tree.add_function("0000:01:00.0", vendor=0x10DE, device=0x1DB6, class_code=0x030200, iommu_group=7)
     tree.add_function("0000:01:00.1", vendor=0x10DE, device=0x10F2, class_code=0x040300, driver="snd_hda_intel", iommu_group=7)
@@ -180,7 +182,9 @@ def test_noiommu_group_node(tree: SysfsTree) -> None:
     tree.enable_vfio(noiommu=True)
     tree.add_function("0000:00:05.0", driver="vfio-pci")
     tree.set_iommu_group("0000:00:05.0", 0, name="vfio-noiommu")
-    snaps, _ = select(tree, ("example.com/virtio", {"selectors": [{"addresses": ["0000:00:05.0"]}], "vfio": True, "noiommu": True}))
+    snaps, _ = select(
+        tree, ("example.com/virtio", {"selectors": [{"addresses": ["0000:00:05.0"]}], "vfio": True, "noiommu": True})
+    )
     assert snaps["example.com/virtio"].get("0000:00:05.0").edits.device_nodes == (DeviceNode(path="/dev/vfio/noiommu-0"),)
 
 

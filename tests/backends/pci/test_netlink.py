@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 import pytest
 from pyroute2 import AsyncIPRoute, netns
 
-from cdiplug_backends.pci.safety import NetUse, SafetyChecker, net_use
-from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.model import Health
 from cdiplug.testing.sysfs import SysfsTree
 from cdiplug.world import World
+from cdiplug_backends.pci.safety import NetUse, SafetyChecker, net_use
+from cdiplug_backends.pci.sysfs import PciSysfs
 
 from .conftest import make_backend, running
 
@@ -58,7 +58,11 @@ async def test_up_with_only_link_local_addresses_is_free(ns: str) -> None:
 
 
 async def test_up_with_an_address_is_in_use(ns: str) -> None:
-    await ip(ns, ("addr", "add", {"ifname": "v0", "address": "192.0.2.5", "prefixlen": 24}), ("link", "set", {"ifname": "v0", "state": "up"}))
+    await ip(
+        ns,
+        ("addr", "add", {"ifname": "v0", "address": "192.0.2.5", "prefixlen": 24}),
+        ("link", "set", {"ifname": "v0", "state": "up"}),
+    )
     use = (await net_use(["v0"], ns))["v0"]
     assert use.problem() == "network interface v0 is up with addresses 192.0.2.5/24"
 
@@ -95,7 +99,11 @@ async def test_safety_checker_ties_sysfs_netdevs_to_netlink(ns: str, tree: Sysfs
     fn = PciSysfs(tree.root).read_function("0000:3b:00.0")
     checker = SafetyChecker(PciSysfs(tree.root), netns=ns)
     assert await checker.net_problems(fn) == []
-    await ip(ns, ("addr", "add", {"ifname": "v0", "address": "192.0.2.7", "prefixlen": 24}), ("link", "set", {"ifname": "v0", "state": "up"}))
+    await ip(
+        ns,
+        ("addr", "add", {"ifname": "v0", "address": "192.0.2.7", "prefixlen": 24}),
+        ("link", "set", {"ifname": "v0", "state": "up"}),
+    )
     assert await checker.net_problems(fn) == ["network interface v0 is up with addresses 192.0.2.7/24"]
     broken = SafetyChecker(PciSysfs(tree.root), netns="cdp-no-such-namespace")
     (problem,) = await broken.net_problems(fn)

@@ -10,8 +10,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug.world import World
+from cdiplug_backends.pci.sysfs import PciSysfs
 
 from .conftest import make_backend, running
 
@@ -63,7 +63,9 @@ def test_iommu_groups_match_kernel_iommu_groups(addresses: list[str]) -> None:
 
 async def test_backend_advertises_the_selected_functions(world: World, addresses: list[str]) -> None:
     # The vendor of the first function that is not a bridge (virtio's 0x1af4 on the CI VMs).
-    first = next((i for i in map(read_independently, addresses) if i["class_code"] >> 16 != 0x06), read_independently(addresses[0]))
+    first = next(
+        (i for i in map(read_independently, addresses) if i["class_code"] >> 16 != 0x06), read_independently(addresses[0])
+    )
     vendor = f"0x{first['vendor']:04x}"
     expected = [a for a in addresses if read_independently(a)["vendor"] == first["vendor"]]
     real = attrs.evolve(world, sysfs_root=SYS)

@@ -65,6 +65,7 @@ async def hosted(world: World, backend: PciBackend, start_releaser: bool = False
         await supervisor.close()
         await host.stop()
 
+
 RESOURCE = "example.com/nic-vfio"
 
 

@@ -9,16 +9,24 @@ import os
 
 import pytest
 
-from cdiplug_backends.pci.sysfs import PciSysfs, check_address, check_driver, check_group
 from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
+from cdiplug_backends.pci.sysfs import PciSysfs, check_address, check_driver, check_group
 
 from .conftest import add_nic_with_vfs
 
 
 def test_reads_ids_class_driver_group_numa(tree: SysfsTree) -> None:
     tree.add_function(
-        "0000:3b:00.0", vendor=0x8086, device=0x1572, subsystem_vendor=0x8086, subsystem_device=0x0007,
-        class_code=0x020000, driver="i40e", iommu_group=5, numa_node=1, netdevs=["ens1f0"],
+        "0000:3b:00.0",
+        vendor=0x8086,
+        device=0x1572,
+        subsystem_vendor=0x8086,
+        subsystem_device=0x0007,
+        class_code=0x020000,
+        driver="i40e",
+        iommu_group=5,
+        numa_node=1,
+        netdevs=["ens1f0"],
     )
     fn = PciSysfs(tree.root).read_function("0000:3b:00.0")
     assert fn is not None

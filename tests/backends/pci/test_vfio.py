@@ -14,12 +14,12 @@ import threading
 
 import pytest
 
+from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
+from cdiplug.world import World
 from cdiplug_backends.pci.journal import Journal, JournalEntry, Op, PlannedFunction, Step
 from cdiplug_backends.pci.safety import FunctionInUse
 from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug_backends.pci.vfio import VfioBinder, VfioError
-from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
-from cdiplug.world import World
 
 from .conftest import add_nic_with_vfs
 
@@ -45,7 +45,12 @@ def test_bind_writes_override_unbind_probe_and_nothing_else(world: World, tree: 
     assert (result.bound, result.already, result.node) == ((VF,), (), "/dev/vfio/40")
     assert tree.driver_of(VF) == "vfio-pci"
     record = Journal(world.state_dir).bound(VF)
-    assert (record.original_driver, record.netdevs, record.resource, record.group) == ("iavf", ("ens1f0v0",), "example.com/vf", "40")
+    assert (record.original_driver, record.netdevs, record.resource, record.group) == (
+        "iavf",
+        ("ens1f0v0",),
+        "example.com/vf",
+        "40",
+    )
     assert Journal(world.state_dir).pending() == []
 
 

@@ -17,8 +17,12 @@ GENERATED = sorted(p.name for p in API.glob("*_pb2*.py*"))
 
 
 def test_there_are_stubs_for_both_protos() -> None:
-    assert {"deviceplugin_v1beta1_pb2.py", "deviceplugin_v1beta1_pb2_grpc.py",
-            "podresources_v1_pb2.py", "podresources_v1_pb2_grpc.py"} <= set(GENERATED)
+    assert {
+        "deviceplugin_v1beta1_pb2.py",
+        "deviceplugin_v1beta1_pb2_grpc.py",
+        "podresources_v1_pb2.py",
+        "podresources_v1_pb2_grpc.py",
+    } <= set(GENERATED)
 
 
 @pytest.fixture(scope="module")
@@ -42,4 +46,7 @@ def test_device_plugin_messages_have_the_kubelet_field_numbers() -> None:
     assert fields == {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5}
     assert {f.name: f.number for f in pb.Device.DESCRIPTOR.fields} == {"ID": 1, "health": 2, "topology": 3}
     assert {f.name: f.number for f in pb.ContainerPreferredAllocationRequest.DESCRIPTOR.fields} == {
-        "available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3}
+        "available_deviceIDs": 1,
+        "must_include_deviceIDs": 2,
+        "allocation_size": 3,
+    }

@@ -32,7 +32,10 @@ def test_generate_writes_specs_and_leaves_other_files(tmp_path: Path, schema_err
     assert result.returncode == 0, result.stderr
     assert "3 devices, written" in result.stdout and "example.com/none: no devices, no spec" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == [
-        "cdiplug-example.com-fake-nic.json", "cdiplug-example.com-fpga.json", "cdiplug-example.com-gone.json"]
+        "cdiplug-example.com-fake-nic.json",
+        "cdiplug-example.com-fpga.json",
+        "cdiplug-example.com-gone.json",
+    ]
     for name in ("cdiplug-example.com-fake-nic.json", "cdiplug-example.com-fpga.json"):
         assert check_file(out / name) == []
         assert schema_errors(json.loads((out / name).read_text())) == []
@@ -57,22 +60,35 @@ def test_generate_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
 
 def test_validate(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"cdiVersion": "0.3.0", "kind": "example.com/fpga", "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}]}))
+    good.write_text(
+        json.dumps(
+            {"cdiVersion": "0.3.0", "kind": "example.com/fpga", "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}]}
+        )
+    )
     ok = cdiplug("cdi", "validate", str(good))
     assert ok.returncode == 0 and "1 spec file valid" in ok.stdout
     badfile = tmp_path / "bad.json"
-    badfile.write_text(json.dumps({"cdiVersion": "0.3.0", "kind": "fpga", "devices": [{"name": "0a", "containerEdits": {}}], "x": 1}))
+    badfile.write_text(
+        json.dumps({"cdiVersion": "0.3.0", "kind": "fpga", "devices": [{"name": "0a", "containerEdits": {}}], "x": 1})
+    )
     result = cdiplug("cdi", "validate", str(good), str(badfile))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 4, lines  # unknown field, kind, empty edits, version for the digit
     assert all(line.endswith(f"(in {badfile})") for line in lines)
-    assert {line.split(" @ ")[1].split(" ")[0] for line in lines} == {"$.x", "$.kind", "$.devices[0].containerEdits", "$.cdiVersion"}
+    assert {line.split(" @ ")[1].split(" ")[0] for line in lines} == {
+        "$.x",
+        "$.kind",
+        "$.devices[0].containerEdits",
+        "$.cdiVersion",
+    }
 
 
 def test_list_includes_specs_of_others(tmp_path: Path) -> None:
     cdiplug("cdi", "generate", "--output-dir", str(tmp_path))
-    (tmp_path / "vendor.yaml").write_text("cdiVersion: 0.5.0\nkind: vendor.com/gpu\ndevices:\n- name: '0'\n  containerEdits: {env: [A=1]}\n")
+    (tmp_path / "vendor.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: vendor.com/gpu\ndevices:\n- name: '0'\n  containerEdits: {env: [A=1]}\n"
+    )
     (tmp_path / "notes.txt").write_text("not a spec")
     result = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -81,7 +97,9 @@ def test_list_includes_specs_of_others(tmp_path: Path) -> None:
     broken = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path))
     assert broken.returncode == 1 and "broken.json" in broken.stderr
     assert len(broken.stdout.split()) == 3
-    (tmp_path / "broken.json").write_text(json.dumps({"cdiVersion": "0.3.0", "kind": "vendor.com/xx", "devices": [{"name": "a/b"}]}))
+    (tmp_path / "broken.json").write_text(
+        json.dumps({"cdiVersion": "0.3.0", "kind": "vendor.com/xx", "devices": [{"name": "a/b"}]})
+    )
     bad_name = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path))
     assert bad_name.returncode == 1 and "broken.json: CDI device name 'a/b'" in bad_name.stderr
     assert len(bad_name.stdout.split()) == 3

@@ -34,7 +34,9 @@ def test_examples_are_up_to_date(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(REPO / "hack" / "update-cdi-specs.sh"), str(tmp_path)],
         env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     fresh = {p.name: p.read_bytes() for p in tmp_path.glob("*.json")}

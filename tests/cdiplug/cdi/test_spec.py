@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdiplug.names import device_name
+from cdiplug import model
 from cdiplug.cdi.build import build_spec
 from cdiplug.cdi.spec import (
     ContainerEdits,
@@ -27,8 +27,8 @@ from cdiplug.cdi.spec import (
     to_json,
 )
 from cdiplug.cdi.validate import check_spec
-from cdiplug import model
 from cdiplug.errors import CdiError
+from cdiplug.names import device_name
 
 FULL = Spec(
     cdi_version="1.1.0",
@@ -40,13 +40,25 @@ FULL = Spec(
             annotations={"note": "first"},
             container_edits=ContainerEdits(
                 env=["A=1"],
-                device_nodes=[DeviceNode("/dev/f0", host_path="/srv/f0", type="c", major=10, minor=0, file_mode=0o660,
-                                         permissions="rw", uid=0, gid=44)],
+                device_nodes=[
+                    DeviceNode(
+                        "/dev/f0",
+                        host_path="/srv/f0",
+                        type="c",
+                        major=10,
+                        minor=0,
+                        file_mode=0o660,
+                        permissions="rw",
+                        uid=0,
+                        gid=44,
+                    )
+                ],
                 net_devices=[NetDevice(host_interface_name="eth3", name="net0")],
                 hooks=[Hook("createContainer", "/usr/bin/hook", args=["hook", "x"], env=["H=1"], timeout=5)],
                 mounts=[Mount("/srv/lib", "/lib/x", options=["ro", "bind"], type="bind")],
-                intel_rdt=IntelRdt(clos_id="c1", l3_cache_schema="L3:0=f", mem_bw_schema="MB:0=50",
-                                   schemata=["L2:0=3"], enable_monitoring=True),
+                intel_rdt=IntelRdt(
+                    clos_id="c1", l3_cache_schema="L3:0=f", mem_bw_schema="MB:0=50", schemata=["L2:0=3"], enable_monitoring=True
+                ),
                 additional_gids=[44, 45],
             ),
         )
@@ -62,11 +74,33 @@ def test_json_keys_are_the_specs() -> None:
     assert list(device) == ["name", "annotations", "containerEdits"]
     edits = device["containerEdits"]
     assert list(edits) == ["env", "deviceNodes", "netDevices", "hooks", "mounts", "intelRdt", "additionalGids"]
-    assert list(edits["deviceNodes"][0]) == ["path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"]
+    assert list(edits["deviceNodes"][0]) == [
+        "path",
+        "hostPath",
+        "type",
+        "major",
+        "minor",
+        "fileMode",
+        "permissions",
+        "uid",
+        "gid",
+    ]
     assert edits["netDevices"] == [{"hostInterfaceName": "eth3", "name": "net0"}]
-    assert edits["hooks"][0] == {"hookName": "createContainer", "path": "/usr/bin/hook", "args": ["hook", "x"], "env": ["H=1"], "timeout": 5}
+    assert edits["hooks"][0] == {
+        "hookName": "createContainer",
+        "path": "/usr/bin/hook",
+        "args": ["hook", "x"],
+        "env": ["H=1"],
+        "timeout": 5,
+    }
     assert edits["mounts"][0] == {"hostPath": "/srv/lib", "containerPath": "/lib/x", "options": ["ro", "bind"], "type": "bind"}
-    assert edits["intelRdt"] == {"closID": "c1", "l3CacheSchema": "L3:0=f", "memBwSchema": "MB:0=50", "schemata": ["L2:0=3"], "enableMonitoring": True}
+    assert edits["intelRdt"] == {
+        "closID": "c1",
+        "l3CacheSchema": "L3:0=f",
+        "memBwSchema": "MB:0=50",
+        "schemata": ["L2:0=3"],
+        "enableMonitoring": True,
+    }
     assert edits["additionalGids"] == [44, 45]
 
 
@@ -76,7 +110,9 @@ def test_round_trip() -> None:
 
 
 def test_empty_fields_are_left_out() -> None:
-    minimal = Spec(cdi_version="0.3.0", kind="example.com/fpga", devices=[Device("d0", ContainerEdits(device_nodes=[DeviceNode("/dev/x")]))])
+    minimal = Spec(
+        cdi_version="0.3.0", kind="example.com/fpga", devices=[Device("d0", ContainerEdits(device_nodes=[DeviceNode("/dev/x")]))]
+    )
     assert to_dict(minimal) == {
         "cdiVersion": "0.3.0",
         "kind": "example.com/fpga",
@@ -129,9 +165,15 @@ def test_build_spec(fpga_snapshot: model.DeviceSnapshot, schema_errors) -> None:
 def test_build_spec_keeps_things_minimal() -> None:
     snap = model.DeviceSnapshot(
         resource="example.com/fpga",
-        devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(
-            device_nodes=[model.DeviceNode(path="/dev/x", host_path="/dev/x")],
-            mounts=[model.Mount("/a", "/b", read_only=False, options=["rbind"])]))],
+        devices=[
+            model.Device(
+                id="fpga-0",
+                edits=model.ContainerEdits(
+                    device_nodes=[model.DeviceNode(path="/dev/x", host_path="/dev/x")],
+                    mounts=[model.Mount("/a", "/b", read_only=False, options=["rbind"])],
+                ),
+            )
+        ],
     )
     spec = build_spec("example.com/fpga", snap)
     assert spec.cdi_version == "0.3.0"  # a hostPath equal to the path is not written
@@ -140,30 +182,40 @@ def test_build_spec_keeps_things_minimal() -> None:
 
 
 def test_build_spec_maps_bad_ids() -> None:
-    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"}))])
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga", devices=[model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"}))]
+    )
     spec = build_spec("example.com/fpga", snap)
     assert spec.device_names() == (device_name("a/b"),)
     assert check_spec(spec) == []
 
 
 def test_a_device_without_edits_is_an_error_naming_it() -> None:
-    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[
-        model.Device(id="fpga-0", edits=model.ContainerEdits(env={"A": "1"})), model.Device(id="fpga-1")])
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga",
+        devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(env={"A": "1"})), model.Device(id="fpga-1")],
+    )
     with pytest.raises(CdiError, match=r"example.com/fpga.*'fpga-1'.*no container edits"):
         build_spec("example.com/fpga", snap)
 
 
 def test_ids_mapping_to_the_same_name_are_an_error() -> None:
     clash = device_name("a/b")
-    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[
-        model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"})),
-        model.Device(id=clash, edits=model.ContainerEdits(env={"A": "2"}))])
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga",
+        devices=[
+            model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"})),
+            model.Device(id=clash, edits=model.ContainerEdits(env={"A": "2"})),
+        ],
+    )
     with pytest.raises(CdiError, match="both map to CDI name"):
         build_spec("example.com/fpga", snap)
 
 
 def test_bad_kind_is_an_error() -> None:
-    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="x", edits=model.ContainerEdits(env={"A": "1"}))])
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga", devices=[model.Device(id="x", edits=model.ContainerEdits(env={"A": "1"}))]
+    )
     with pytest.raises(CdiError):
         build_spec("../etc", snap)
 
@@ -173,17 +225,25 @@ _PATH = st.from_regex(r"/[a-z0-9/_.-]{1,20}", fullmatch=True)
 _EDITS = st.builds(
     model.ContainerEdits,
     env=st.dictionaries(_ENV_KEY, st.text(max_size=8), max_size=3),
-    device_nodes=st.lists(st.builds(model.DeviceNode, path=_PATH, host_path=st.none() | _PATH,
-                                    permissions=st.sampled_from(["r", "rw", "rwm"])), max_size=2),
-    mounts=st.lists(st.builds(model.Mount, host_path=_PATH, container_path=_PATH, read_only=st.booleans(),
-                              type=st.none() | st.just("bind")), max_size=2),
+    device_nodes=st.lists(
+        st.builds(model.DeviceNode, path=_PATH, host_path=st.none() | _PATH, permissions=st.sampled_from(["r", "rw", "rwm"])),
+        max_size=2,
+    ),
+    mounts=st.lists(
+        st.builds(model.Mount, host_path=_PATH, container_path=_PATH, read_only=st.booleans(), type=st.none() | st.just("bind")),
+        max_size=2,
+    ),
     additional_gids=st.lists(st.integers(0, 2**32 - 1), max_size=2),
 ).filter(lambda e: not e.is_empty())
 _SNAPSHOTS = st.builds(
     model.DeviceSnapshot,
     resource=st.just("example.com/fpga"),
-    devices=st.lists(st.builds(model.Device, id=st.text(min_size=1, max_size=12), edits=_EDITS),
-                     min_size=1, max_size=5, unique_by=lambda d: d.id),
+    devices=st.lists(
+        st.builds(model.Device, id=st.text(min_size=1, max_size=12), edits=_EDITS),
+        min_size=1,
+        max_size=5,
+        unique_by=lambda d: d.id,
+    ),
     common_edits=st.just(model.ContainerEdits()) | _EDITS,
 )
 
@@ -204,10 +264,14 @@ def test_every_spec_built_is_valid_and_minimal(schema_errors, snapshot: model.De
 
 
 def test_a_spec_a_runtime_would_refuse_is_never_built() -> None:
-    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[
-        model.Device(id="fpga-0", edits=model.ContainerEdits(device_nodes=[model.DeviceNode(path="/dev/x", type="z")]))])
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga",
+        devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(device_nodes=[model.DeviceNode(path="/dev/x", type="z")]))],
+    )
     with pytest.raises(CdiError, match="invalid device node type 'z'"):
         build_spec("example.com/fpga", snap)
-    snap = model.DeviceSnapshot(resource="example.com/fpga", devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(env={"": "x"}))])
+    snap = model.DeviceSnapshot(
+        resource="example.com/fpga", devices=[model.Device(id="fpga-0", edits=model.ContainerEdits(env={"": "x"}))]
+    )
     with pytest.raises(CdiError, match="NAME=value"):
         build_spec("example.com/fpga", snap)

@@ -17,9 +17,20 @@ GOOD: dict[str, Any] = {
     "cdiVersion": "0.5.0",
     "kind": "example.com/fpga",
     "devices": [
-        {"name": "fpga-0", "containerEdits": {"env": ["A=1"], "deviceNodes": [{"path": "/dev/f0", "hostPath": "/srv/f0", "type": "c", "permissions": "rw"}]}},
-        {"name": "fpga-1", "containerEdits": {"mounts": [{"hostPath": "/srv/x", "containerPath": "/x", "options": ["ro", "bind"]}],
-                                              "hooks": [{"hookName": "createContainer", "path": "/bin/true"}]}},
+        {
+            "name": "fpga-0",
+            "containerEdits": {
+                "env": ["A=1"],
+                "deviceNodes": [{"path": "/dev/f0", "hostPath": "/srv/f0", "type": "c", "permissions": "rw"}],
+            },
+        },
+        {
+            "name": "fpga-1",
+            "containerEdits": {
+                "mounts": [{"hostPath": "/srv/x", "containerPath": "/x", "options": ["ro", "bind"]}],
+                "hooks": [{"hookName": "createContainer", "path": "/bin/true"}],
+            },
+        },
     ],
     "containerEdits": {"env": ["COMMON=1"]},
 }
@@ -47,12 +58,27 @@ def test_good_spec_has_no_problems(tmp_path: Path, schema_errors) -> None:
 
 
 CASES = [
-    ("unknown field", bad("devices.0.containerEdits.devicenodes", []), "$.devices[0].containerEdits.devicenodes", "unknown field"),
+    (
+        "unknown field",
+        bad("devices.0.containerEdits.devicenodes", []),
+        "$.devices[0].containerEdits.devicenodes",
+        "unknown field",
+    ),
     ("unknown top-level field", bad("containerSpec", {}), "$.containerSpec", "unknown field"),
     ("missing kind", bad("kind", None), "$", "missing required field 'kind'"),
     ("wrong type", bad("devices.0.containerEdits.env", "A=1"), "$.devices[0].containerEdits.env", "expected an array"),
-    ("uid out of range", bad("devices.0.containerEdits.deviceNodes.0.uid", -1), "$.devices[0].containerEdits.deviceNodes[0].uid", "out of range"),
-    ("boolean is not a number", bad("devices.0.containerEdits.deviceNodes.0.major", True), "$.devices[0].containerEdits.deviceNodes[0].major", "expected an integer"),
+    (
+        "uid out of range",
+        bad("devices.0.containerEdits.deviceNodes.0.uid", -1),
+        "$.devices[0].containerEdits.deviceNodes[0].uid",
+        "out of range",
+    ),
+    (
+        "boolean is not a number",
+        bad("devices.0.containerEdits.deviceNodes.0.major", True),
+        "$.devices[0].containerEdits.deviceNodes[0].major",
+        "expected an integer",
+    ),
     ("env item not a string", bad("containerEdits.env", [1]), "$.containerEdits.env[0]", "expected a string"),
     ("unknown version", bad("cdiVersion", "0.9.0"), "$.cdiVersion", "unknown cdiVersion"),
     ("version too low", bad("cdiVersion", "0.4.0"), "$.cdiVersion", "needs 0.5.0"),
@@ -63,20 +89,73 @@ CASES = [
     ("no devices", bad("devices", []), "$.devices", "at least one device"),
     ("empty edits", bad("devices.1.containerEdits", {"env": []}), "$.devices[1].containerEdits", "empty container edits"),
     ("bad env", bad("containerEdits.env", ["=x"]), "$.containerEdits.env[0]", "NAME=value"),
-    ("bad node type", bad("devices.0.containerEdits.deviceNodes.0.type", "x"), "$.devices[0].containerEdits.deviceNodes[0].type", "invalid device node type"),
-    ("bad permissions", bad("devices.0.containerEdits.deviceNodes.0.permissions", "rwx"), "$.devices[0].containerEdits.deviceNodes[0].permissions", "invalid permissions"),
-    ("empty node path", bad("devices.0.containerEdits.deviceNodes.0.path", ""), "$.devices[0].containerEdits.deviceNodes[0].path", "needs a path"),
-    ("relative node path", bad("devices.0.containerEdits.deviceNodes.0.path", "dev/f0"), "$.devices[0].containerEdits.deviceNodes[0].path", "not absolute"),
-    ("negative minor", bad("devices.0.containerEdits.deviceNodes.0.minor", -1), "$.devices[0].containerEdits.deviceNodes[0].minor", "negative"),
-    ("empty mount path", bad("devices.1.containerEdits.mounts.0.containerPath", ""), "$.devices[1].containerEdits.mounts[0].containerPath", "needs a containerPath"),
-    ("bad hook name", bad("devices.1.containerEdits.hooks.0.hookName", "preStart"), "$.devices[1].containerEdits.hooks[0].hookName", "invalid hook name"),
+    (
+        "bad node type",
+        bad("devices.0.containerEdits.deviceNodes.0.type", "x"),
+        "$.devices[0].containerEdits.deviceNodes[0].type",
+        "invalid device node type",
+    ),
+    (
+        "bad permissions",
+        bad("devices.0.containerEdits.deviceNodes.0.permissions", "rwx"),
+        "$.devices[0].containerEdits.deviceNodes[0].permissions",
+        "invalid permissions",
+    ),
+    (
+        "empty node path",
+        bad("devices.0.containerEdits.deviceNodes.0.path", ""),
+        "$.devices[0].containerEdits.deviceNodes[0].path",
+        "needs a path",
+    ),
+    (
+        "relative node path",
+        bad("devices.0.containerEdits.deviceNodes.0.path", "dev/f0"),
+        "$.devices[0].containerEdits.deviceNodes[0].path",
+        "not absolute",
+    ),
+    (
+        "negative minor",
+        bad("devices.0.containerEdits.deviceNodes.0.minor", -1),
+        "$.devices[0].containerEdits.deviceNodes[0].minor",
+        "negative",
+    ),
+    (
+        "empty mount path",
+        bad("devices.1.containerEdits.mounts.0.containerPath", ""),
+        "$.devices[1].containerEdits.mounts[0].containerPath",
+        "needs a containerPath",
+    ),
+    (
+        "bad hook name",
+        bad("devices.1.containerEdits.hooks.0.hookName", "preStart"),
+        "$.devices[1].containerEdits.hooks[0].hookName",
+        "invalid hook name",
+    ),
     ("hook env", bad("devices.1.containerEdits.hooks.0.env", ["X"]), "$.devices[1].containerEdits.hooks[0].env[0]", "NAME=value"),
-    ("closID", {**bad("containerEdits.intelRdt", {"closID": "a/b"}), "cdiVersion": "0.7.0"}, "$.containerEdits.intelRdt.closID", "not a valid file name"),
-    ("annotation key", {**bad("annotations", {"bad key!": "x"}), "cdiVersion": "0.6.0"}, "$.annotations.bad key!", "annotation key"),
-    ("annotation name over 63", {**bad("annotations", {"cdi.k8s.io/" + "a" * 64: "x"}), "cdiVersion": "0.6.0"},
-     "$.annotations.cdi.k8s.io/" + "a" * 64, "1-63 letters"),
-    ("annotation prefix", {**bad("devices.0.annotations", {"Cdi.io/a": "x"}), "cdiVersion": "0.6.0"},
-     "$.devices[0].annotations.Cdi.io/a", "DNS subdomain"),
+    (
+        "closID",
+        {**bad("containerEdits.intelRdt", {"closID": "a/b"}), "cdiVersion": "0.7.0"},
+        "$.containerEdits.intelRdt.closID",
+        "not a valid file name",
+    ),
+    (
+        "annotation key",
+        {**bad("annotations", {"bad key!": "x"}), "cdiVersion": "0.6.0"},
+        "$.annotations.bad key!",
+        "annotation key",
+    ),
+    (
+        "annotation name over 63",
+        {**bad("annotations", {"cdi.k8s.io/" + "a" * 64: "x"}), "cdiVersion": "0.6.0"},
+        "$.annotations.cdi.k8s.io/" + "a" * 64,
+        "1-63 letters",
+    ),
+    (
+        "annotation prefix",
+        {**bad("devices.0.annotations", {"Cdi.io/a": "x"}), "cdiVersion": "0.6.0"},
+        "$.devices[0].annotations.Cdi.io/a",
+        "DNS subdomain",
+    ),
 ]
 
 
@@ -95,12 +174,16 @@ def test_version_problem_only_when_the_rest_is_right() -> None:
 
 
 def test_net_devices_need_names_and_no_duplicates() -> None:
-    doc = bad("devices.0.containerEdits.netDevices", [{"hostInterfaceName": "eth1", "name": "n0"},
-                                                      {"hostInterfaceName": "eth1", "name": ""}])
+    doc = bad(
+        "devices.0.containerEdits.netDevices",
+        [{"hostInterfaceName": "eth1", "name": "n0"}, {"hostInterfaceName": "eth1", "name": ""}],
+    )
     doc["cdiVersion"] = "1.1.0"
     messages = sorted((p.path, p.message.split(" ")[0]) for p in check_document(doc))
-    assert messages == [("$.devices[0].containerEdits.netDevices[1].hostInterfaceName", "hostInterfaceName"),
-                        ("$.devices[0].containerEdits.netDevices[1].name", "a")]
+    assert messages == [
+        ("$.devices[0].containerEdits.netDevices[1].hostInterfaceName", "hostInterfaceName"),
+        ("$.devices[0].containerEdits.netDevices[1].name", "a"),
+    ]
 
 
 def test_several_problems_several_messages(tmp_path: Path) -> None:
@@ -133,5 +216,9 @@ def test_yaml_specs(tmp_path: Path) -> None:
 
 
 def test_schema_and_validator_agree_where_the_schema_checks(schema_errors) -> None:
-    for doc in (bad("kind", None), bad("devices.0.containerEdits.deviceNodes.0.uid", -1), bad("devices.1.containerEdits.mounts.0.hostPath", None)):
+    for doc in (
+        bad("kind", None),
+        bad("devices.0.containerEdits.deviceNodes.0.uid", -1),
+        bad("devices.1.containerEdits.mounts.0.hostPath", None),
+    ):
         assert schema_errors(doc) and check_document(doc)

@@ -11,18 +11,31 @@ from cdiplug.cdi.version import EARLIEST, KNOWN_VERSIONS, minimal_version, parse
 ENV = ContainerEdits(env=["A=b"])
 
 
-def spec(edits: ContainerEdits = ENV, *, common: ContainerEdits = ContainerEdits(), name: str = "dev0",
-         kind: str = "example.com/fpga", annotations: dict[str, str] | None = None,
-         device_annotations: dict[str, str] | None = None) -> Spec:
+def spec(
+    edits: ContainerEdits = ENV,
+    *,
+    common: ContainerEdits = ContainerEdits(),
+    name: str = "dev0",
+    kind: str = "example.com/fpga",
+    annotations: dict[str, str] | None = None,
+    device_annotations: dict[str, str] | None = None,
+) -> Spec:
     device = Device(name=name, container_edits=edits, annotations=device_annotations or {})
     return Spec(cdi_version="", kind=kind, devices=[device], container_edits=common, annotations=annotations or {})
 
 
 CASES = [
     ("floor", spec(), "0.3.0"),
-    ("hooks and plain mounts need nothing", spec(ContainerEdits(hooks=[Hook("prestart", "/bin/true")],
-                                                                 mounts=[Mount("/a", "/b", ["ro", "bind"])])), "0.3.0"),
-    ("device node without hostPath", spec(ContainerEdits(device_nodes=[DeviceNode("/dev/x", type="c", major=1, minor=3)])), "0.3.0"),
+    (
+        "hooks and plain mounts need nothing",
+        spec(ContainerEdits(hooks=[Hook("prestart", "/bin/true")], mounts=[Mount("/a", "/b", ["ro", "bind"])])),
+        "0.3.0",
+    ),
+    (
+        "device node without hostPath",
+        spec(ContainerEdits(device_nodes=[DeviceNode("/dev/x", type="c", major=1, minor=3)])),
+        "0.3.0",
+    ),
     ("mount type", spec(ContainerEdits(mounts=[Mount("/a", "/b", type="bind")])), "0.4.0"),
     ("mount type at spec level", spec(common=ContainerEdits(mounts=[Mount("/a", "/b", type="tmpfs")])), "0.4.0"),
     ("hostPath", spec(ContainerEdits(device_nodes=[DeviceNode("/dev/x", host_path="/srv/x")])), "0.5.0"),

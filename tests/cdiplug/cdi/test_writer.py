@@ -82,7 +82,9 @@ def test_changes_are_written(tmp_path: Path, fpga_snapshot: DeviceSnapshot) -> N
     names = [d["name"] for d in json.loads(writer.path_for(KIND).read_text())["devices"]]
     assert names == ["fpga-0", "fpga-1", "fpga-2", "fpga-9"]
     # an edit of one device's container edits is a change too
-    edited = bigger.with_devices([attrs.evolve(d, edits=ContainerEdits(env={"X": "1"})) if d.id == "fpga-0" else d for d in bigger.devices])
+    edited = bigger.with_devices(
+        [attrs.evolve(d, edits=ContainerEdits(env={"X": "1"})) if d.id == "fpga-0" else d for d in bigger.devices]
+    )
     assert writer.write(KIND, edited) is True
     assert "X=1" in writer.path_for(KIND).read_text()
     assert files(tmp_path) == ["cdiplug-example.com-fpga.json"]
@@ -217,9 +219,17 @@ def test_remove_stale_touches_only_our_stale_files(tmp_path: Path, fpga_snapshot
     (tmp_path / "cdiplug-link.json").symlink_to(target)
     removed = writer.remove_stale([KIND])
     assert removed == [tmp_path / "cdiplug-example.com-old.json"]
-    assert files(tmp_path) == sorted([
-        "cdiplug-example.com-fpga.json", "nvidia.com-gpu.json", "cdiplug-example.com-other.yaml",
-        "cdiplugish.json", "cdiplug-dir.json", "precious", "cdiplug-link.json"])
+    assert files(tmp_path) == sorted(
+        [
+            "cdiplug-example.com-fpga.json",
+            "nvidia.com-gpu.json",
+            "cdiplug-example.com-other.yaml",
+            "cdiplugish.json",
+            "cdiplug-dir.json",
+            "precious",
+            "cdiplug-link.json",
+        ]
+    )
     assert target.read_text() == "keep me"
     assert writer.remove_stale([KIND]) == []
     assert SpecWriter(tmp_path / "missing").remove_stale([]) == []
@@ -236,7 +246,7 @@ def test_concurrent_writes(tmp_path: Path, fpga_snapshot: DeviceSnapshot) -> Non
         try:
             for j in range(20):
                 writer.write(KIND, snapshots[(i + j) % 2])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]

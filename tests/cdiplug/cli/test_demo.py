@@ -62,7 +62,9 @@ def test_demo_keep_leaves_the_folder_for_a_look() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_step_that_goes_wrong_fails_with_its_reason(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_step_that_goes_wrong_fails_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """In-process, with the demo's configuration swapped for one of three devices."""
     from cdiplug.cli import demo, main
     from cdiplug.config import parse_config

@@ -41,9 +41,25 @@ def build(world: World) -> Path:
 
 def discover(world: World, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cdiplug", "discover", "--config", str(config), "--sysfs-root", str(world.sysfs_root),
-         "--dev-root", str(world.dev_root), "--state-dir", str(world.state_dir), *args],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "cdiplug",
+            "discover",
+            "--config",
+            str(config),
+            "--sysfs-root",
+            str(world.sysfs_root),
+            "--dev-root",
+            str(world.dev_root),
+            "--state-dir",
+            str(world.state_dir),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

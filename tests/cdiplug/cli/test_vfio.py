@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from cdiplug_backends.pci import vfio as vfio_module
-from cdiplug_backends.pci.journal import Journal
 from cdiplug.cli import main
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug.world import World
+from cdiplug_backends.pci import vfio as vfio_module
+from cdiplug_backends.pci.journal import Journal
 
 VF = "0000:3b:02.0"
 

@@ -18,14 +18,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.backend import Abilities, abilities_of
 from cdiplug.cdi.writer import SpecWriter
-from cdiplug.resource import ResourceConfig
+from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.errors import CdiError, InvalidRequest, PreparationError
 from cdiplug.host import Preparations, SpecKeeper
 from cdiplug.metrics import Metrics
-from cdiplug.telemetry import NULL_RECORDER
 from cdiplug.model import (
     AllocatePart,
     ContainerEdits,
@@ -36,6 +34,8 @@ from cdiplug.model import (
     Mount,
     PreferredRequest,
 )
+from cdiplug.resource import ResourceConfig
+from cdiplug.telemetry import NULL_RECORDER
 
 RESOURCE = "example.com/fpga"
 ALL_PARTS = frozenset(AllocatePart)
@@ -176,7 +176,9 @@ def rich_snapshot() -> DeviceSnapshot:
             ),
             Device("bad/id", edits=ContainerEdits(env={"B": "1"})),
         ],
-        common_edits=ContainerEdits(env={"COMMON": "yes"}, device_nodes=[DeviceNode("/dev/common")], mounts=[Mount("/etc/x", "/etc/x")]),
+        common_edits=ContainerEdits(
+            env={"COMMON": "yes"}, device_nodes=[DeviceNode("/dev/common")], mounts=[Mount("/etc/x", "/etc/x")]
+        ),
         ids_env="FAKE_FPGA_DEVICES",
     )
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cdiplug.errors import KubeletError
 from cdiplug.deviceplugin.pod_resources import AllocatedDevices, list_allocated
+from cdiplug.errors import KubeletError
 from cdiplug.testing import PodResourcesStandIn
 
 

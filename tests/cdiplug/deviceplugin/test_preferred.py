@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdiplug.deviceplugin import preferred as policy
-from cdiplug.model import Device, DeviceSnapshot, PreferredRequest
 from cdiplug.deviceplugin.preferred import preferred_allocation
+from cdiplug.model import Device, DeviceSnapshot, PreferredRequest
 from cdiplug.replicas import expand, underlying
 
 RESOURCE = "example.com/dev"
@@ -231,9 +231,7 @@ NUMA_CHOICES = [(), (0,), (0,), (1,), (1,), (2,), (3,), (0, 1), (2, 3)]
 def cases(draw):
     n = draw(st.integers(1, 7))
     replicas = draw(st.sampled_from([1, 1, 2, 3]))
-    base = DeviceSnapshot(
-        RESOURCE, [Device(f"dev-{j}", numa_nodes=draw(st.sampled_from(NUMA_CHOICES))) for j in range(n)]
-    )
+    base = DeviceSnapshot(RESOURCE, [Device(f"dev-{j}", numa_nodes=draw(st.sampled_from(NUMA_CHOICES))) for j in range(n)])
     snapshot = expand(base, replicas)
     ids = list(snapshot.ids) + ["ghost-0"]
     available = draw(st.lists(st.sampled_from(ids), max_size=11))

@@ -19,8 +19,8 @@ import pytest
 
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from cdiplug.errors import KubeletError
 from cdiplug.deviceplugin.registration import KubeletNotReady, Registration, register, register_once
+from cdiplug.errors import KubeletError
 
 REG = Registration(resource_name="example.com/fpga", endpoint="example.com-fpga.sock", pre_start_required=True)
 

@@ -13,15 +13,14 @@ from typing import Any
 
 import attrs
 
-from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.backend import Abilities
-from cdiplug.cdi.writer import SpecWriter
-from cdiplug.resource import ResourceConfig
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
-from cdiplug.cdi.writer import same_spec
+from cdiplug.cdi.writer import SpecWriter, same_spec
+from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.resource import ServedResource
-from cdiplug.host import SpecKeeper
 from cdiplug.deviceplugin.server import ResourceServer
+from cdiplug.host import SpecKeeper
+from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
 RESOURCE = "example.com/fpga"
@@ -31,7 +30,11 @@ def snapshot(*ids: str, unhealthy: tuple[str, ...] = ()) -> DeviceSnapshot:
     return DeviceSnapshot(
         RESOURCE,
         [
-            Device(i, health=Health.UNHEALTHY if i in unhealthy else Health.HEALTHY, edits=ContainerEdits(device_nodes=[DeviceNode(f"/dev/{i}")]))
+            Device(
+                i,
+                health=Health.UNHEALTHY if i in unhealthy else Health.HEALTHY,
+                edits=ContainerEdits(device_nodes=[DeviceNode(f"/dev/{i}")]),
+            )
             for i in ids
         ],
     )
@@ -137,6 +140,8 @@ async def test_replace_allocator_reapplies_the_last_snapshot_under_the_new_confi
         new = Allocator(rc, Abilities())
         assert res.replace_allocator(rc, new, res.spec) is False  # pre-start did not change
         assert res.server.allocator is new and new.snapshot == snapshot("a")
-        await until(lambda: res.server.advertised is not None and res.server.advertised.ids == ("a::0", "a::1"), "replicas published")
+        await until(
+            lambda: res.server.advertised is not None and res.server.advertised.ids == ("a::0", "a::1"), "replicas published"
+        )
     finally:
         task.cancel()

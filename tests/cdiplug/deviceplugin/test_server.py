@@ -20,6 +20,7 @@ import pytest
 
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from cdiplug.deviceplugin.server import ResourceServer
 from cdiplug.errors import (
     CdiError,
     CdiplugError,
@@ -38,7 +39,6 @@ from cdiplug.model import (
     Mount,
     PreferredRequest,
 )
-from cdiplug.deviceplugin.server import ResourceServer
 
 RESOURCE = "example.com/fpga"
 SOCKET = "example.com-fpga.sock"
@@ -75,7 +75,10 @@ class ScriptedAllocator:
         self.preferred_calls.append(list(requests))
         if self.error is not None:
             raise self.error
-        return [tuple(r.must_include) + tuple(i for i in r.available if i not in r.must_include)[: r.size - len(r.must_include)] for r in requests]
+        return [
+            tuple(r.must_include) + tuple(i for i in r.available if i not in r.must_include)[: r.size - len(r.must_include)]
+            for r in requests
+        ]
 
     async def pre_start(self, ids: Sequence[str]) -> None:
         self.pre_start_calls.append(list(ids))
@@ -319,9 +322,14 @@ async def test_end_streams_finishes_them_with_ok(server: ResourceServer, stub: p
 # -- Allocate, GetPreferredAllocation, PreStartContainer --------------------------------------
 
 
-async def test_allocate_converts_every_part(server: ResourceServer, stub: pb_grpc.DevicePluginStub, allocator: ScriptedAllocator) -> None:
+async def test_allocate_converts_every_part(
+    server: ResourceServer, stub: pb_grpc.DevicePluginStub, allocator: ScriptedAllocator
+) -> None:
     request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devices_ids=["fpga-0", "fpga-1"]), pb.ContainerAllocateRequest(devices_ids=["fpga-2"])]
+        container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=["fpga-0", "fpga-1"]),
+            pb.ContainerAllocateRequest(devices_ids=["fpga-2"]),
+        ]
     )
     response = await stub.Allocate(request, timeout=2)
     assert allocator.allocate_calls == [[["fpga-0", "fpga-1"], ["fpga-2"]]]
@@ -355,7 +363,9 @@ async def test_allocate_errors_map_to_status_codes(
 ) -> None:
     allocator.error = error
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["fpga-1"])]), timeout=2)
+        await stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["fpga-1"])]), timeout=2
+        )
     assert info.value.code() == code
     assert info.value.details() == str(error)
 
@@ -365,7 +375,9 @@ async def test_a_bug_is_internal_and_logged(
 ) -> None:
     allocator.error = ZeroDivisionError("oops")
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["fpga-1"])]), timeout=2)
+        await stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["fpga-1"])]), timeout=2
+        )
     assert info.value.code() == grpc.StatusCode.INTERNAL
     assert "ZeroDivisionError: oops" in info.value.details()
     assert any(r.exc_info and "Allocate" in r.getMessage() for r in caplog.records)
@@ -382,7 +394,9 @@ async def test_preferred_allocation_converts_both_ways(
         ]
     )
     response = await stub.GetPreferredAllocation(request, timeout=2)
-    assert allocator.preferred_calls == [[PreferredRequest(available=("fpga-0", "fpga-1", "fpga-2"), must_include=("fpga-2",), size=2)]]
+    assert allocator.preferred_calls == [
+        [PreferredRequest(available=("fpga-0", "fpga-1", "fpga-2"), must_include=("fpga-2",), size=2)]
+    ]
     assert [list(r.deviceIDs) for r in response.container_responses] == [["fpga-2", "fpga-0"]]
 
 

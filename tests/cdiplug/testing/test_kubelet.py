@@ -55,7 +55,9 @@ class TinyPlugin(pb_grpc.DevicePluginServicer):
     async def register(self, resource: str = RESOURCE, version: str = "v1beta1", endpoint: str | None = None) -> None:
         async with grpc.aio.insecure_channel(f"unix:{self.folder / 'kubelet.sock'}") as channel:
             await pb_grpc.RegistrationStub(channel).Register(
-                pb.RegisterRequest(version=version, endpoint=endpoint or self.endpoint, resource_name=resource, options=self.options),
+                pb.RegisterRequest(
+                    version=version, endpoint=endpoint or self.endpoint, resource_name=resource, options=self.options
+                ),
                 timeout=5,
             )
 
@@ -94,7 +96,9 @@ class TinyPlugin(pb_grpc.DevicePluginServicer):
         answers = []
         for r in request.container_requests:
             self.preferred_requests.append((list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size))
-            answers.append(pb.ContainerPreferredAllocationResponse(deviceIDs=sorted(r.available_deviceIDs)[::-1][: r.allocation_size]))
+            answers.append(
+                pb.ContainerPreferredAllocationResponse(deviceIDs=sorted(r.available_deviceIDs)[::-1][: r.allocation_size])
+            )
         return pb.PreferredAllocationResponse(container_responses=answers)
 
     async def Allocate(self, request, context):
@@ -109,7 +113,9 @@ class TinyPlugin(pb_grpc.DevicePluginServicer):
             responses.append(
                 pb.ContainerAllocateResponse(
                     envs={"TINY_DEVICES": ",".join(r.devices_ids)},
-                    devices=[pb.DeviceSpec(container_path=f"/dev/{i}", host_path=f"/dev/{i}", permissions="rw") for i in r.devices_ids],
+                    devices=[
+                        pb.DeviceSpec(container_path=f"/dev/{i}", host_path=f"/dev/{i}", permissions="rw") for i in r.devices_ids
+                    ],
                     cdi_devices=[pb.CDIDevice(name=f"example.com/widget={i}") for i in r.devices_ids],
                     annotations={"tiny": "yes"},
                 )
@@ -324,7 +330,9 @@ async def test_restart_wipes_the_folder_and_keeps_pods(short_tmp: Path, kubelet:
     assert kubelet.allocated(RESOURCE) == set(pod.device_ids())
 
 
-async def test_restart_without_wipe_recreates_only_the_kubelet_socket(short_tmp: Path, kubelet: KubeletStandIn, plugin: TinyPlugin) -> None:
+async def test_restart_without_wipe_recreates_only_the_kubelet_socket(
+    short_tmp: Path, kubelet: KubeletStandIn, plugin: TinyPlugin
+) -> None:
     await kubelet.restart(wipe=False)
     assert (short_tmp / "tiny.sock").exists() and (short_tmp / "kubelet.sock").exists()
 
