@@ -42,6 +42,31 @@ def _env_tuple(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tu
     return tuple((str(k), str(v)) for k, v in items)
 
 
+@frozen
+class Version:
+    """A semantic version attribute (DRA's ``version`` type: ``1.2.3``), apart from plain strings."""
+
+    value: str
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AttributeValue = str | int | bool | Version
+
+
+def _attribute_tuple(
+    value: Mapping[str, AttributeValue] | Iterable[tuple[str, AttributeValue]],
+) -> tuple[tuple[str, AttributeValue], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    out = []
+    for k, v in items:
+        if not isinstance(v, (str, int, bool, Version)):
+            raise TypeError(f"attribute {k!r}: {type(v).__name__} is no attribute value (str, int, bool or Version)")
+        out.append((str(k), v))
+    return tuple(out)
+
+
 def _sorted_ints(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in value}))
 
@@ -144,9 +169,11 @@ class Device:
 
     ``numa_nodes`` is empty when the topology is unknown (never a made-up node 0).
     ``prepare_group`` names the unit that preparation works on (an IOMMU group, say): devices with
-    the same group are prepared together and one at a time. ``attributes`` are descriptive
-    (vendor, model, driver) for people and logs; they take part in equality, so a change there
-    (a driver rebound) is a change of the device.
+    the same group are prepared together and one at a time. ``attributes`` describe the device
+    (vendor, model, driver) for people, logs and DRA, which publishes them typed (string, int,
+    bool, :class:`Version`) so that claims can select on them with CEL; they take part in
+    equality, so a change there (a driver rebound) is a change of the device. ``capacity`` holds
+    amounts as Kubernetes quantities (``memory: 80Gi``), published by DRA as device capacity.
     """
 
     id: str
@@ -154,14 +181,18 @@ class Device:
     numa_nodes: tuple[int, ...] = field(default=(), converter=_sorted_ints)
     edits: ContainerEdits = ContainerEdits()
     prepare_group: str | None = None
-    attributes: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    attributes: tuple[tuple[str, AttributeValue], ...] = field(default=(), converter=_attribute_tuple)
+    capacity: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
 
     @property
     def healthy(self) -> bool:
         return self.health is Health.HEALTHY
 
-    def attribute(self, name: str, default: str | None = None) -> str | None:
-        return dict(self.attributes).get(name, default)
+    def attribute(self, name: str, default: AttributeValue | None = None) -> AttributeValue | None:
+        for key, value in self.attributes:
+            if key == name:
+                return value
+        return default
 
 
 @frozen
