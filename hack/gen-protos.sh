@@ -5,9 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-cdiplug/api}
 mkdir -p "$out"
+protos=(deviceplugin_v1beta1 podresources_v1 dra_v1 dra_v1beta1 pluginregistration_v1 drahealth_v1alpha1)
 python -m grpc_tools.protoc -I cdiplug/api \
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
-  cdiplug/api/deviceplugin_v1beta1.proto cdiplug/api/podresources_v1.proto
+  "${protos[@]/%/.proto}"
 # grpc_tools writes absolute imports ("import x_pb2"); make them package-relative.
-sed -i -E 's/^import (deviceplugin_v1beta1|podresources_v1)_pb2 as/from . import \1_pb2 as/' \
-  "$out"/deviceplugin_v1beta1_pb2_grpc.py "$out"/podresources_v1_pb2_grpc.py
+for p in "${protos[@]}"; do
+  sed -i -E "s/^import (${p})_pb2 as/from . import \1_pb2 as/" "$out/${p}_pb2_grpc.py"
+done
+# The DRA messages live in packages of our own (see the .proto headers); on the wire the
+# services keep upstream's names, v1.DRAPlugin and v1beta1.DRAPlugin.
+sed -i -E "s/cdiplug\.dra\.(v1beta1|v1)\.DRAPlugin/\1.DRAPlugin/g" "$out/dra_v1_pb2_grpc.py" "$out/dra_v1beta1_pb2_grpc.py"

@@ -1,4 +1,4 @@
-"""The checked-in gRPC stubs in cdiplug/api match their .proto sources.
+"""The checked-in gRPC stubs in cdiplug/api match their .proto sources, and speak the kubelet's wire names.
 
 Regenerates them with hack/gen-protos.sh (grpcio-tools, pinned in the test extras) into a fresh
 folder and compares byte for byte, so editing a .proto without regenerating fails here.
@@ -16,13 +16,12 @@ API = ROOT / "cdiplug" / "api"
 GENERATED = sorted(p.name for p in API.glob("*_pb2*.py*"))
 
 
-def test_there_are_stubs_for_both_protos() -> None:
-    assert {
-        "deviceplugin_v1beta1_pb2.py",
-        "deviceplugin_v1beta1_pb2_grpc.py",
-        "podresources_v1_pb2.py",
-        "podresources_v1_pb2_grpc.py",
-    } <= set(GENERATED)
+PROTOS = ["deviceplugin_v1beta1", "podresources_v1", "dra_v1", "dra_v1beta1", "pluginregistration_v1", "drahealth_v1alpha1"]
+
+
+def test_there_are_stubs_for_every_proto() -> None:
+    assert {f"{p}{suffix}" for p in PROTOS for suffix in ("_pb2.py", "_pb2_grpc.py")} <= set(GENERATED)
+    assert {p.stem for p in API.glob("*.proto")} == set(PROTOS)
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +49,37 @@ def test_device_plugin_messages_have_the_kubelet_field_numbers() -> None:
         "must_include_deviceIDs": 2,
         "allocation_size": 3,
     }
+
+
+def test_dra_services_have_the_kubelet_wire_names() -> None:
+    # The kubelet calls /v1.DRAPlugin/..., /v1beta1.DRAPlugin/..., /pluginregistration.Registration/...
+    # and /v1alpha1.DRAResourceHealth/...; our message packages differ (see the .proto headers).
+    from cdiplug.api import dra_v1_pb2_grpc, dra_v1beta1_pb2_grpc, drahealth_v1alpha1_pb2_grpc, pluginregistration_v1_pb2_grpc
+
+    assert "'/v1.DRAPlugin/NodePrepareResources'" in Path(dra_v1_pb2_grpc.__file__).read_text()
+    assert "'/v1beta1.DRAPlugin/NodeUnprepareResources'" in Path(dra_v1beta1_pb2_grpc.__file__).read_text()
+    assert "'/pluginregistration.Registration/GetInfo'" in Path(pluginregistration_v1_pb2_grpc.__file__).read_text()
+    assert "'/v1alpha1.DRAResourceHealth/NodeWatchResources'" in Path(drahealth_v1alpha1_pb2_grpc.__file__).read_text()
+
+
+def test_dra_messages_have_the_kubelet_field_numbers() -> None:
+    from cdiplug.api import dra_v1_pb2, dra_v1beta1_pb2
+
+    for pb in (dra_v1_pb2, dra_v1beta1_pb2):
+        assert {f.name: f.number for f in pb.Claim.DESCRIPTOR.fields} == {"namespace": 1, "uid": 2, "name": 3}
+        assert {f.name: f.number for f in pb.Device.DESCRIPTOR.fields} == {
+            "request_names": 1,
+            "pool_name": 2,
+            "device_name": 3,
+            "cdi_device_ids": 4,
+            "share_id": 5,
+        }
+        assert {f.name: f.number for f in pb.NodePrepareResourceResponse.DESCRIPTOR.fields} == {"devices": 1, "error": 2}
+
+
+def test_every_stub_loads_in_one_process() -> None:
+    # One descriptor pool: two protos defining the same full message name would fail here.
+    import importlib
+
+    for proto in PROTOS:
+        importlib.import_module(f"cdiplug.api.{proto}_pb2_grpc")
