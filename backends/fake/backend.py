@@ -9,9 +9,10 @@ import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
-from attrs import frozen
+from attrs import field, frozen
 
 from cdiplug.backend import SnapshotSink
 from cdiplug.errors import ConfigError
@@ -31,6 +32,8 @@ class FakeOptions:
     count: int = 2
     numa_nodes: tuple[int, ...] = ()
     health_file: Path | None = None
+    # device ID -> attribute name -> str | int | bool (typed attributes that DRA publishes)
+    attributes: dict[str, dict[str, Any]] = field(factory=dict)
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not 0 <= self.count <= MAX_COUNT:
@@ -38,6 +41,18 @@ class FakeOptions:
         for i, node in enumerate(self.numa_nodes):
             if node < 0:
                 yield f"numa_nodes[{i}]", f"a NUMA node is 0 or more, got {node}"
+        for device_id, attributes in self.attributes.items():
+            if not isinstance(attributes, Mapping):
+                yield f"attributes.{device_id}", "must map attribute names to values"
+                continue
+            for name, value in attributes.items():
+                if not isinstance(name, str) or not name:
+                    yield f"attributes.{device_id}", f"attribute names are strings, got {name!r}"
+                elif not isinstance(value, (str, int, bool)):
+                    yield (
+                        f"attributes.{device_id}.{name}",
+                        f"must be a string, an integer or true/false, got {type(value).__name__}",
+                    )
 
 
 def env_prefix(resource: str) -> str:
@@ -94,7 +109,7 @@ class FakeBackend:
                     health=health.get(device_id, Health.HEALTHY),
                     numa_nodes=numa,
                     edits=ContainerEdits(env={f"{prefix}_DEVICE_{i}": device_id}),
-                    attributes={"model": f"fake {cls}"},
+                    attributes={"model": f"fake {cls}", **opts.attributes.get(device_id, {})},
                 )
             )
         return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{prefix}_DEVICES")

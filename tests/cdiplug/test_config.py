@@ -150,7 +150,7 @@ ERRORS = [
     ("resources:\n" + R + "    options: {count: -1}\n", "must be between 0 and 65536, got -1", "$.resources[0].options.count"),
     (
         "resources:\n" + R + "    options: {counts: 1}\n",
-        "unknown key 'counts' (allowed: count, numa_nodes, health_file)",
+        "unknown key 'counts' (allowed: count, numa_nodes, health_file, attributes)",
         "$.resources[0].options",
     ),
 ]

@@ -129,7 +129,7 @@ async def test_every_resource_is_published(world):
         ({"numa_nodes": [0, -1]}, "a NUMA node is 0 or more, got -1", "$.resources[0].options.numa_nodes[1]"),
         ({"numa_nodes": 0}, "expected a list, got int 0", "$.resources[0].options.numa_nodes"),
         ({"health_file": 3}, "expected a path, got int 3", "$.resources[0].options.health_file"),
-        ({"cout": 3}, "unknown key 'cout' (allowed: count, numa_nodes, health_file)", "$.resources[0].options"),
+        ({"cout": 3}, "unknown key 'cout' (allowed: count, numa_nodes, health_file, attributes)", "$.resources[0].options"),
     ],
 )
 def test_options_errors_name_their_path(options, message, path):
