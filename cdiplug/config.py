@@ -25,7 +25,7 @@ from attrs import field, frozen
 from .backend import BackendPlugin, load_plugins
 from .errors import BackendError, BackendNotFound, ConfigError
 from .model import DEFAULT_ALLOCATE, AllocatePart
-from .names import extended_resource_problem, is_dns_subdomain, kind_problem
+from .names import extended_resource_problem, is_dns_subdomain, kind_problem, spec_file_name
 from .resource import Api, ResourceConfig, default_dra_driver
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
@@ -224,6 +224,9 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
             raise BackendNotFound(str(exc), f"{at}.backend", source) from exc
         kind = r.cdi_kind or plugin.cdi_kind_for(r.name)
         problem = kind_problem(kind)
+        if not problem and spec_file_name(kind).startswith("cdiplug-claim-"):
+            # That file name is the DRA front end's per-claim spec, which it removes at will.
+            problem = f"CDI kind {kind!r} would be written to {spec_file_name(kind)}, a name kept for DRA's per-claim specs"
         if problem:
             raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
         if kind in seen_kinds:

@@ -31,6 +31,9 @@ from .spec import to_json
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 OWN_PREFIX = "cdiplug-"
+# Per-claim specs of the DRA front end (cdiplug.dra.claimspec): that front end cleans them up
+# against its own checkpoint; this writer never removes them.
+CLAIM_PREFIX = "cdiplug-claim-"
 
 
 @frozen
@@ -118,6 +121,7 @@ class SpecWriter:
     def remove_stale(self, keep_kinds: Iterable[str]) -> list[Path]:
         """Remove cdiplug's own spec files (``cdiplug-*.json``) for kinds not in ``keep_kinds``.
 
+        Per-claim specs (``cdiplug-claim-*.json``) are the DRA front end's and are left alone.
         Also removes temporary files a crash may have left behind. Never touches other files.
         Returns the paths removed.
         """
@@ -132,7 +136,12 @@ class SpecWriter:
                 raise CdiError(f"cannot list CDI folder {self.cdi_dir}: {exc.strerror}") from exc
             for entry in entries:
                 name = entry.name
-                ours = name.startswith(OWN_PREFIX) and name.endswith(".json") and name not in keep
+                ours = (
+                    name.startswith(OWN_PREFIX)
+                    and not name.startswith(CLAIM_PREFIX)
+                    and name.endswith(".json")
+                    and name not in keep
+                )
                 leftover = name.startswith("." + OWN_PREFIX) and name.endswith(TEMP_SUFFIX)
                 if not (ours or leftover) or not entry.is_file(follow_symlinks=False):
                     continue
