@@ -2,7 +2,8 @@
 
 Every failure that crosses a module boundary is one of these. Errors from the OS, NVML, gRPC or
 netlink are caught where they enter and re-raised as one of these with ``raise ... from``. gRPC
-status codes are chosen only at the gRPC edge (``cdiplug.deviceplugin.server``), from the class of the error.
+status codes are chosen only at the gRPC edges (``cdiplug.deviceplugin.server``, ``cdiplug.dra.service``),
+from the class of the error.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ class SocketInUse(CdiplugError):
 
 class KubeletError(CdiplugError):
     """Talking to the kubelet (Register, pod resources) failed."""
+
+
+class KubernetesError(CdiplugError):
+    """A call to the Kubernetes API server failed (DRA: ResourceSlices, ResourceClaims).
+
+    ``status`` is the HTTP status when the server answered (404, 409, ...), else None.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
 
 
 class BackendError(CdiplugError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backend import Backend, BackendPlugin
 from .config import Config
@@ -27,6 +27,9 @@ from .resource import Api, ResourceConfig
 from .supervisor import Supervisor
 from .telemetry import NULL_RECORDER, Recorder
 from .world import World
+
+if TYPE_CHECKING:
+    from .dra.frontend import ClientFactory, DraFrontEnd
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class Node:
         recorder: Recorder = NULL_RECORDER,
         register_timeout: float = 2.0,
         backoff: tuple[float, float] | None = None,
+        kube_client_factory: ClientFactory | None = None,
     ) -> None:
         self.config = config
         self.world = world
@@ -62,8 +66,19 @@ class Node:
         self.device_plugin = DevicePluginFrontEnd(
             world, self.host, supervisor, recorder=recorder, register_timeout=register_timeout
         )
+        self.dra: DraFrontEnd | None = None
+        self._kube_client_factory = kube_client_factory
         self._lock = asyncio.Lock()
         self._stopped = False
+
+    def _dra(self) -> DraFrontEnd:
+        """The DRA front end, made on first need: only then is the Kubernetes client imported."""
+        if self.dra is None:
+            from .dra.frontend import DraFrontEnd
+
+            extra = {"client_factory": self._kube_client_factory} if self._kube_client_factory is not None else {}
+            self.dra = DraFrontEnd(self.world, self.host, self.supervisor, recorder=self.recorder, **extra)
+        return self.dra
 
     # -- introspection (tests, the demo) --
 
@@ -92,6 +107,8 @@ class Node:
             await self.host.specs.remove_stale(self._kinds(config))
             self.host.create(config.resources)  # may raise: nothing runs yet
             await self.device_plugin.start(served_by(config, Api.DEVICE_PLUGIN))
+            if served_by(config, Api.DRA):
+                await self._dra().start(served_by(config, Api.DRA))
             self.host.start()
 
     async def reload(self, config: Config) -> None:
@@ -103,6 +120,8 @@ class Node:
             self.config = config
             self.recorder.configure(r.name for r in config.resources)
             await self.device_plugin.reload(served_by(config, Api.DEVICE_PLUGIN), recreated)
+            if served_by(config, Api.DRA) or self.dra is not None:
+                await self._dra().reload(served_by(config, Api.DRA), recreated)
             await self.host.specs.remove_stale(self._kinds(config))
 
     async def stop(self) -> None:
@@ -111,4 +130,6 @@ class Node:
                 return
             self._stopped = True
             await self.device_plugin.stop()
+            if self.dra is not None:
+                await self.dra.stop()
             await self.host.stop()

@@ -2,6 +2,10 @@
 
 - :class:`KubeletStandIn` (``cdiplug.testing.kubelet``): a real gRPC Registration server on a unix
   socket that dials plugins, holds ListAndWatch, picks devices as the kubelet does and allocates.
+- :class:`DraKubeletStandIn` (``cdiplug.testing.dra_kubelet``): the kubelet's plugin watcher and
+  DRA calls: registers DRA drivers, calls NodePrepareResources / NodeUnprepareResources.
+- :class:`ApiServerStandIn` (``cdiplug.testing.apiserver``): an HTTP API server on 127.0.0.1 for
+  ResourceSlices (list, watch, create, update, delete), ResourceClaims and Nodes.
 - :class:`SysfsTree` (``cdiplug.testing.sysfs``): builds fake sysfs trees of PCI functions.
 - :class:`FakeNvml` (``cdiplug.testing.nvml``): an NVML stand-in with topology and XID events.
 - :class:`RecordingSink` and ``running`` (``cdiplug.testing.sink``): run a backend under test and
@@ -17,6 +21,8 @@ from typing import Any
 
 _EXPORTS = {
     "KubeletStandIn": "kubelet",
+    "DraKubeletStandIn": "dra_kubelet",
+    "ApiServerStandIn": "apiserver",
     "SysfsTree": "sysfs",
     "FakeNvml": "nvml",
     "RecordingSink": "sink",

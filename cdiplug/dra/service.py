@@ -1,0 +1,115 @@
+"""The gRPC edge of one DRA driver: ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``dra.sock``.
+
+The only place DRA protobuf lives (with :mod:`.registration` and :mod:`.health` for theirs) and
+gRPC answers are chosen. Both versions have the same messages on the wire and are served by one
+implementation over :class:`~cdiplug.dra.prepare.ClaimPreparer`:
+
+- every claim of a call is handled concurrently; a claim that fails gets its ``error`` string in
+  the answer (the kubelet retries it) while the others succeed — the protocol's way, rather than
+  failing the whole call;
+- a claim without a UID, namespace or name is such an error too (InvalidRequest);
+- errors that are not cdiplug's own are bugs: logged with their traceback, answered as an
+  ``error`` naming their type, never a crash of the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from ..api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from ..errors import CdiplugError, InvalidRequest
+from .checkpoint import PreparedClaim
+from .claims import ClaimRef
+from .prepare import ClaimPreparer
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+def _ref(claim: Any) -> ClaimRef:
+    ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+    if not (ref.uid and ref.namespace and ref.name):
+        raise InvalidRequest(f"claim {ref} lacks its UID, namespace or name")
+    return ref
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, CdiplugError):
+        return str(exc)
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
+class _Plugin:
+    """NodePrepareResources and NodeUnprepareResources for one protobuf module (v1 or v1beta1)."""
+
+    def __init__(self, preparer: ClaimPreparer, pb: ModuleType) -> None:
+        self.preparer = preparer
+        self.pb = pb
+
+    async def _prepare_one(self, claim: Any) -> Any:
+        pb = self.pb
+        try:
+            done: PreparedClaim = await self.preparer.prepare(_ref(claim))
+        except Exception as exc:  # per claim: the kubelet retries this one
+            self._log(exc, "prepare", claim)
+            return pb.NodePrepareResourceResponse(error=_message(exc))
+        return pb.NodePrepareResourceResponse(
+            devices=[
+                pb.Device(
+                    request_names=list(d.request_names),
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=list(d.cdi_ids),
+                )
+                for d in done.devices
+            ]
+        )
+
+    async def _unprepare_one(self, claim: Any) -> Any:
+        try:
+            await self.preparer.unprepare(_ref(claim))
+        except Exception as exc:
+            self._log(exc, "unprepare", claim)
+            return self.pb.NodeUnprepareResourceResponse(error=_message(exc))
+        return self.pb.NodeUnprepareResourceResponse()
+
+    def _log(self, exc: BaseException, what: str, claim: Any) -> None:
+        where = f"{claim.namespace}/{claim.name} ({claim.uid})"
+        if isinstance(exc, CdiplugError):
+            log.error("cannot %s claim %s: %s", what, where, exc, extra={"resource": self.preparer.resource.name})
+        else:
+            log.error("cannot %s claim %s", what, where, exc_info=exc, extra={"resource": self.preparer.resource.name})
+
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        answers = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
+        response = self.pb.NodePrepareResourcesResponse()
+        for claim, answer in zip(request.claims, answers):
+            response.claims[claim.uid].CopyFrom(answer)
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        answers = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
+        response = self.pb.NodeUnprepareResourcesResponse()
+        for claim, answer in zip(request.claims, answers):
+            response.claims[claim.uid].CopyFrom(answer)
+        return response
+
+
+class _V1(_Plugin, dra_v1_pb2_grpc.DRAPluginServicer):
+    pass
+
+
+class _V1beta1(_Plugin, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    pass
+
+
+def add_to_server(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
+    """Serve both versions of the DRA plugin service for ``preparer`` on ``server``."""
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(preparer, dra_v1beta1_pb2), server)

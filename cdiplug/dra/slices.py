@@ -1,0 +1,219 @@
+"""ResourceSlices from snapshots: pure functions from a resource's devices to slice bodies.
+
+What one driver publishes for one node (DESIGN.md "Contract: DRA"):
+
+- one pool named after the node, spread over slices of at most 128 devices (64 when any device of
+  the pool carries a taint: the API server's limit for tainted slices); every slice carries the
+  pool's generation and ``resourceSliceCount``;
+- device name = the device ID when it is a DNS label, else a deterministic mapping
+  (:func:`device_name`); attribute ``id`` always holds the original ID;
+- the backend's typed attributes (string, int, bool, version) under names the API accepts
+  (:func:`attribute_name`), its quantities as capacity; at most 32 of both together per device;
+- an unhealthy device is either tainted (``cdiplug.dev/unhealthy``, effect ``NoSchedule``: the
+  scheduler allocates it to no new claim, claims holding it keep it) or, where the API server
+  drops device taints (the ``DRADeviceTaints`` gate is off), withdrawn from the slice. The
+  publisher decides which (:class:`UnhealthyPolicy`) by reading back what the server kept.
+
+Bodies are plain JSON-shaped dicts (``resource.k8s.io/v1``): the publisher sends them as they are.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from attrs import frozen
+
+from ..model import AttributeValue, Device, DeviceSnapshot, Version
+from ..names import is_dns_subdomain
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES = 128
+MAX_DEVICES_TAINTED = 64
+MAX_ATTRIBUTES = 32  # attributes and capacities together
+MAX_STRING = 64
+MAX_IDENTIFIER = 32
+UNHEALTHY_TAINT_KEY = "cdiplug.dev/unhealthy"
+ID_ATTRIBUTE = "id"
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Semantic versions as the API server checks them (semver 2.0.0, no leading "v").
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-((0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
+)
+
+
+class UnhealthyPolicy(str, enum.Enum):
+    """What an unhealthy device becomes in a slice."""
+
+    TAINT = "taint"
+    WITHDRAW = "withdraw"
+
+
+@frozen
+class OwnerNode:
+    """The Node object that owns our slices (garbage-collected with it)."""
+
+    name: str
+    uid: str
+
+
+def device_name(device_id: str) -> str:
+    """The device's name in a slice: the ID when it is a DNS label, else a stable mapped label.
+
+    The mapping lowers the case, turns other characters into ``-`` and appends 10 hex digits of
+    the ID's SHA-256, so two IDs never map to one name (``0000:3b:00.1`` -> ``0000-3b-00-1-<hash>``).
+    """
+    if _DNS_LABEL.fullmatch(device_id):
+        return device_id
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:10]
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", device_id.lower()).strip("-")[: 63 - 11].strip("-")
+    return f"{cleaned}-{digest}" if cleaned else f"dev-{digest}"
+
+
+def attribute_name(name: str) -> str | None:
+    """``name`` as the API accepts it: a C identifier of at most 32 characters (in the driver's
+    domain), or ``<domain>/<identifier>``; other characters become ``_``. None when nothing is left."""
+    domain, sep, ident = name.rpartition("/")
+    if sep and not is_dns_subdomain(domain):
+        return None
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", ident)
+    if ident and ident[0].isdigit():
+        ident = "_" + ident
+    ident = ident[:MAX_IDENTIFIER]
+    if not _C_IDENTIFIER.fullmatch(ident):
+        return None
+    return f"{domain}/{ident}" if sep else ident
+
+
+def attribute_value(value: AttributeValue) -> dict[str, Any] | None:
+    """The typed DRA attribute for one value, or None when the API would refuse it."""
+    if isinstance(value, bool):  # before int: bool is an int in Python
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value} if -(2**63) <= value < 2**63 else None
+    if isinstance(value, Version):
+        text = value.value.removeprefix("v")
+        if _SEMVER.fullmatch(text) and len(text) <= MAX_STRING:
+            return {"version": text}
+        return {"string": value.value} if len(value.value) <= MAX_STRING else None
+    return {"string": value} if len(value) <= MAX_STRING else None
+
+
+def device_attributes(device: Device) -> dict[str, dict[str, Any]]:
+    """The device's attributes as the API takes them; ``id`` first and always there."""
+    out: dict[str, dict[str, Any]] = {ID_ATTRIBUTE: {"string": device.id[:MAX_STRING]}}
+    for key, value in device.attributes:
+        name = attribute_name(key)
+        typed = attribute_value(value)
+        if name is None or typed is None or name in out:
+            continue
+        out[name] = typed
+    return out
+
+
+def device_capacity(device: Device) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for key, quantity in device.capacity:
+        name = attribute_name(key)
+        if name is not None and name not in out:
+            out[name] = {"value": quantity}
+    return out
+
+
+def device_body(device: Device, taint: bool) -> dict[str, Any]:
+    attributes = device_attributes(device)
+    capacity = device_capacity(device)
+    # At most 32 attributes and capacities together: the ID first, then the backend's order.
+    room = MAX_ATTRIBUTES - len(capacity)
+    if len(attributes) > room:
+        attributes = dict(list(attributes.items())[: max(room, 1)])
+        capacity = dict(list(capacity.items())[: MAX_ATTRIBUTES - len(attributes)])
+    body: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
+    if capacity:
+        body["capacity"] = capacity
+    if taint:
+        body["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    return body
+
+
+@frozen
+class SliceSpec:
+    """One slice to publish: its index in the pool and its ``spec`` (generation filled in later)."""
+
+    index: int
+    devices: tuple[Mapping[str, Any], ...]
+
+
+def pool_devices(snapshot: DeviceSnapshot | None, policy: UnhealthyPolicy) -> list[dict[str, Any]]:
+    """The device bodies of the pool, sorted by name (stable slices for stable snapshots)."""
+    if snapshot is None:
+        return []
+    bodies = []
+    for device in snapshot.devices:
+        if not device.healthy and policy is UnhealthyPolicy.WITHDRAW:
+            continue
+        bodies.append(device_body(device, taint=not device.healthy))
+    return sorted(bodies, key=lambda b: str(b["name"]))
+
+
+def split(devices: Sequence[Mapping[str, Any]]) -> list[SliceSpec]:
+    """Devices in slices of at most 128 (64 when any is tainted); one empty slice for none.
+
+    An empty pool is still published (one slice without devices): it tells the scheduler that
+    this node has none, rather than leaving it waiting for slices that never come.
+    """
+    size = MAX_DEVICES_TAINTED if any("taints" in d for d in devices) else MAX_DEVICES
+    chunks = [tuple(devices[i : i + size]) for i in range(0, len(devices), size)] or [()]
+    return [SliceSpec(i, chunk) for i, chunk in enumerate(chunks)]
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """``<node>-<driver>-<index>``, shortened with a hash when it would exceed 253 characters."""
+    name = f"{node}-{driver}-{index}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(f"{node}\0{driver}".encode()).hexdigest()[:12]
+    return f"{node[:200]}-{digest}-{index}"
+
+
+def slice_body(
+    spec: SliceSpec, *, driver: str, node: str, generation: int, count: int, owner: OwnerNode | None
+) -> dict[str, Any]:
+    """The whole ResourceSlice object for one :class:`SliceSpec`."""
+    metadata: dict[str, Any] = {"name": slice_name(node, driver, spec.index)}
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": owner.name, "uid": owner.uid, "controller": True}
+        ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+            "devices": [dict(d) for d in spec.devices],
+        },
+    }
+
+
+def names_to_ids(devices: Iterable[Device]) -> dict[str, str]:
+    """Slice device name -> device ID, for reading allocations back."""
+    return {device_name(d.id): d.id for d in devices}
+
+
+def has_taints(body: Mapping[str, Any]) -> bool:
+    """Whether any device of a slice object (as the server returned it) carries a taint."""
+    return any(d.get("taints") for d in body.get("spec", {}).get("devices") or ())

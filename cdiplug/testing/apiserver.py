@@ -1,0 +1,326 @@
+"""A Kubernetes API server stand-in: the few calls a DRA driver makes, over real HTTP on 127.0.0.1.
+
+:class:`ApiServerStandIn` speaks HTTP/1.1 (keep-alive; chunked streams for watches) and stores
+objects in memory with one resourceVersion counter, as the API server does:
+
+- ``resource.k8s.io/v1`` ResourceSlices: list (``fieldSelector`` on ``spec.nodeName`` and
+  ``spec.driver``), watch (from a resourceVersion, replaying what came after it), create (409
+  AlreadyExists), replace (409 Conflict on a stale resourceVersion, 404 when gone), delete;
+  a few of the server's checks (at most 128 devices, 64 with taints; device names DNS labels;
+  ``pool.resourceSliceCount`` at least 1). With ``drop_taints`` it drops device taints as a
+  server with the ``DRADeviceTaints`` gate off does;
+- ResourceClaims: get (tests put them with :meth:`put_claim`); Nodes: get (:meth:`put_node`).
+
+Requests need ``Authorization: Bearer <token>`` (401 otherwise). :meth:`kubeconfig` writes a
+kubeconfig file for it; :meth:`wait_for` wakes on every change, never polls. Tests change
+objects behind a driver's back with :meth:`delete_object` and :meth:`modify_slice`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+SLICES = "resourceslices"
+CLAIMS = "resourceclaims"
+NODES = "nodes"
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_PATHS = [
+    (re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/(?P<name>[^/]+))?$"), SLICES),
+    (re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims(?:/(?P<name>[^/]+))?$"), CLAIMS),
+    (re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+))?$"), NODES),
+]
+_KINDS = {SLICES: ("resource.k8s.io/v1", "ResourceSlice"), CLAIMS: ("resource.k8s.io/v1", "ResourceClaim"), NODES: ("v1", "Node")}
+
+Key = tuple[str, str, str]  # (plural, namespace, name)
+
+
+class _HttpError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        self.code, self.reason, self.message = code, reason, message
+        super().__init__(message)
+
+
+def _field(obj: Mapping[str, Any], path: str) -> Any:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _selected(obj: Mapping[str, Any], selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        field, op, value = re.split(r"(!=|==|=)", term, maxsplit=1)
+        found = str(_field(obj, field) or "")
+        if (op == "!=") == (found == value):
+            return False
+    return True
+
+
+class ApiServerStandIn:
+    """An API server for ResourceSlices, ResourceClaims and Nodes on ``127.0.0.1:<port>``."""
+
+    def __init__(self, *, token: str = "test-token", drop_taints: bool = False) -> None:
+        self.token = token
+        self.drop_taints = drop_taints
+        self.port = 0
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
+        self._objects: dict[Key, dict[str, Any]] = {}
+        self._history: list[tuple[int, str, Key, dict[str, Any]]] = []  # (rv, event type, key, object)
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._closing = False
+
+    # -- lifecycle --
+
+    async def __aenter__(self) -> ApiServerStandIn:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve_connection, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._closing = True
+            async with self._changed:
+                self._changed.notify_all()  # watches end
+            for writer in self._connections.values():
+                writer.close()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            await self._server.wait_closed()
+            self._server = None
+            self._closing = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig for this server (token auth) to ``path``; return it."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "cdiplug", "user": {"token": self.token}}],
+            "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "cdiplug"}}],
+            "current-context": "standin",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    # -- what tests use --
+
+    def put_node(self, name: str) -> dict[str, Any]:
+        return self._store((NODES, "", name), {"metadata": {"name": name}}, create_only=False)
+
+    def put_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        meta = claim["metadata"]
+        return self._store((CLAIMS, meta["namespace"], meta["name"]), dict(claim), create_only=False)
+
+    def slices(self, **fields: str) -> list[dict[str, Any]]:
+        """Every ResourceSlice, or those whose dotted fields (``spec__driver="x"``) match, by name."""
+        out = [copy.deepcopy(o) for (plural, _, _), o in sorted(self._objects.items()) if plural == SLICES]
+        for path, value in fields.items():
+            out = [o for o in out if _field(o, path.replace("__", ".")) == value]
+        return out
+
+    def delete_object(self, plural: str, name: str, namespace: str = "") -> None:
+        key = (plural, namespace, name)
+        if key in self._objects:
+            self._record("DELETED", key, self._objects.pop(key))
+
+    def modify_slice(self, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        obj = copy.deepcopy(self._objects[(SLICES, "", name)])
+        change(obj)
+        self._store((SLICES, "", name), obj, create_only=False)
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds; it is checked after every change."""
+        async with self._changed:
+            await self._changed.wait_for(predicate)
+
+    # -- the store --
+
+    def _store(self, key: Key, obj: dict[str, Any], create_only: bool, expect_version: str | None = None) -> dict[str, Any]:
+        old = self._objects.get(key)
+        if create_only and old is not None:
+            raise _HttpError(409, "AlreadyExists", f'{key[0]} "{key[2]}" already exists')
+        if expect_version and old is not None and old["metadata"]["resourceVersion"] != expect_version:
+            raise _HttpError(
+                409, "Conflict", f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has been modified'
+            )
+        obj = copy.deepcopy(obj)
+        api_version, kind = _KINDS[key[0]]
+        obj.setdefault("apiVersion", api_version)
+        obj.setdefault("kind", kind)
+        meta = obj.setdefault("metadata", {})
+        meta["name"] = key[2]
+        if key[1]:
+            meta["namespace"] = key[1]
+        meta["uid"] = old["metadata"]["uid"] if old is not None else meta.get("uid") or str(uuid.uuid4())
+        self._version += 1
+        meta["resourceVersion"] = str(self._version)
+        self._objects[key] = obj
+        self._record("ADDED" if old is None else "MODIFIED", key, obj, bump=False)
+        return copy.deepcopy(obj)
+
+    def _record(self, kind: str, key: Key, obj: dict[str, Any], bump: bool = True) -> None:
+        if bump:
+            self._version += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._version)
+        self._history.append((self._version, kind, key, obj))
+
+        async def notify() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(notify())
+
+    def _check_slice(self, obj: Mapping[str, Any]) -> None:
+        spec = obj.get("spec") or {}
+        devices = spec.get("devices") or []
+        tainted = any(d.get("taints") for d in devices)
+        limit = 64 if tainted else 128
+        problems = []
+        if len(devices) > limit:
+            problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {limit} items")
+        for i, d in enumerate(devices):
+            if not _DNS_LABEL.fullmatch(str(d.get("name", ""))):
+                problems.append(f"spec.devices[{i}].name: Invalid value: {d.get('name')!r}: a DNS label")
+            if len(d.get("attributes") or {}) + len(d.get("capacity") or {}) > 32:
+                problems.append(f"spec.devices[{i}]: Too many attributes and capacities")
+        pool = spec.get("pool") or {}
+        if not spec.get("driver") or not pool.get("name") or int(pool.get("resourceSliceCount") or 0) < 1:
+            problems.append("spec: driver, pool.name and pool.resourceSliceCount >= 1 are required")
+        if problems:
+            raise _HttpError(422, "Invalid", "ResourceSlice is invalid: " + "; ".join(problems))
+
+    def _strip_taints(self, obj: dict[str, Any]) -> None:
+        if self.drop_taints:
+            for d in (obj.get("spec") or {}).get("devices") or []:
+                d.pop("taints", None)
+
+    # -- HTTP --
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = writer
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                method, target, _ = line.decode("latin-1").split(" ", 2)
+                headers: dict[str, str] = {}
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = header.decode("latin-1").partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                if not await self._handle(method, target, headers, body, writer):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            return
+        finally:
+            self._connections.pop(task, None)
+            writer.close()
+
+    async def _respond(self, writer: asyncio.StreamWriter, code: int, payload: Mapping[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        head = f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        writer.write(head.encode() + data)
+        await writer.drain()
+
+    async def _handle(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes, writer: asyncio.StreamWriter
+    ) -> bool:
+        url = urlsplit(target)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append((method, url.path))
+        try:
+            if headers.get("authorization") != f"Bearer {self.token}":
+                raise _HttpError(401, "Unauthorized", "Unauthorized")
+            found = next(((m, p) for pattern, p in _PATHS if (m := pattern.match(url.path))), None)
+            if found is None:
+                raise _HttpError(404, "NotFound", f"the server could not find the requested resource {url.path}")
+            match, plural = found
+            ns, name = match.groupdict().get("ns") or "", match.group("name")
+            if method == "GET" and name is None and query.get("watch") in ("true", "1"):
+                await self._watch(writer, plural, ns, query)
+                return False
+            code, payload = self._call(method, plural, ns, name, query, body)
+        except _HttpError as exc:
+            status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+            code, payload = exc.code, {**status, "message": exc.message, "reason": exc.reason, "code": exc.code}
+        await self._respond(writer, code, payload)
+        return True
+
+    def _call(
+        self, method: str, plural: str, ns: str, name: str | None, query: Mapping[str, str], body: bytes
+    ) -> tuple[int, Any]:
+        if method == "GET" and name is None:
+            selector = query.get("fieldSelector", "")
+            items = [o for (p, n, _), o in sorted(self._objects.items()) if p == plural and n == ns and _selected(o, selector)]
+            return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}, "items": items}
+        if method == "GET":
+            obj = self._objects.get((plural, ns, name or ""))
+            if obj is None:
+                raise _HttpError(404, "NotFound", f'{plural} "{name}" not found')
+            return 200, obj
+        if method in ("POST", "PUT") and plural == SLICES:
+            obj = json.loads(body)
+            key = (plural, ns, name if method == "PUT" else obj.get("metadata", {}).get("name") or "")
+            if not key[2]:
+                raise _HttpError(422, "Invalid", "metadata.name is required")
+            if method == "PUT" and key not in self._objects:
+                raise _HttpError(404, "NotFound", f'{plural} "{key[2]}" not found')
+            self._check_slice(obj)
+            self._strip_taints(obj)
+            expect = (obj.get("metadata") or {}).get("resourceVersion") if method == "PUT" else None
+            return (201 if method == "POST" else 200), self._store(key, obj, create_only=method == "POST", expect_version=expect)
+        if method == "DELETE" and name is not None:
+            key = (plural, ns, name)
+            if key not in self._objects:
+                raise _HttpError(404, "NotFound", f'{plural} "{name}" not found')
+            obj = self._objects[key]
+            self.delete_object(plural, name, ns)
+            return 200, obj
+        raise _HttpError(405, "MethodNotAllowed", f"{method} is not supported on {plural} here")
+
+    async def _watch(self, writer: asyncio.StreamWriter, plural: str, ns: str, query: Mapping[str, str]) -> None:
+        selector = query.get("fieldSelector", "")
+        since = int(query.get("resourceVersion") or 0) or self._version
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        sent = since
+        while True:
+            for version, kind, key, obj in self._history:
+                if version <= sent:
+                    continue
+                sent = version
+                if key[0] == plural and key[1] == ns and _selected(obj, selector):
+                    line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                    writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            await writer.drain()
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._version > sent or self._closing)
+            if self._closing:
+                return

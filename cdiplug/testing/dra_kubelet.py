@@ -1,0 +1,181 @@
+"""A DRA kubelet stand-in: the kubelet's plugin watcher and DRA manager, as far as a driver can tell.
+
+:class:`DraKubeletStandIn` watches ``plugins_registry`` (inotify, no polling) the way the
+kubelet's plugin watcher does. When ``<driver>-reg.sock`` appears, :meth:`wait_registered`
+dials it, calls ``GetInfo``, checks what the kubelet checks (type ``DRAPlugin``, the driver name,
+an absolute endpoint, a supported service: it prefers ``v1.DRAPlugin``, then
+``v1beta1.DRAPlugin``), answers ``NotifyRegistrationStatus`` and returns a
+:class:`DraPluginConnection` to the driver's ``dra.sock``. That connection calls
+``NodePrepareResources`` / ``NodeUnprepareResources`` over the real socket, answering frozen
+:class:`ClaimResult` values, and reads the health stream (``NodeWatchResources``).
+
+Use in one event loop: ``async with DraKubeletStandIn(registry_dir) as kubelet:``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import grpc
+from attrs import field, frozen
+
+from ..api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, drahealth_v1alpha1_pb2
+from ..api import drahealth_v1alpha1_pb2_grpc as health_grpc
+from ..api import pluginregistration_v1_pb2 as reg_pb
+from ..api import pluginregistration_v1_pb2_grpc as reg_grpc
+from ..errors import CdiplugError
+from ..filewatch import FolderWatch
+
+SERVICES: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+
+
+class RegistrationRefused(CdiplugError):
+    """The plugin's GetInfo answer is one the kubelet would refuse."""
+
+
+@frozen
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@frozen
+class PreparedDevice:
+    request_names: tuple[str, ...] = field(converter=tuple)
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...] = field(converter=tuple)
+
+
+@frozen
+class ClaimResult:
+    """The driver's answer for one claim: its devices, or its error."""
+
+    devices: tuple[PreparedDevice, ...] = field(default=(), converter=tuple)
+    error: str = ""
+
+
+@frozen
+class PluginInfo:
+    type: str
+    name: str
+    endpoint: str
+    versions: tuple[str, ...] = field(converter=tuple)
+
+
+class DraPluginConnection:
+    """Calls to one registered driver over its ``dra.sock``."""
+
+    def __init__(self, info: PluginInfo, service: str, timeout: float) -> None:
+        self.info = info
+        self.service = service
+        self.timeout = timeout
+        self._pb, grpc_module = SERVICES[service]
+        self._channel = grpc.aio.insecure_channel(f"unix://{info.endpoint}")
+        self._stub = grpc_module.DRAPluginStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def _claims(self, claims: Sequence[ClaimRef]) -> list[object]:
+        return [self._pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """NodePrepareResources; raises grpc.aio.AioRpcError when the whole call fails."""
+        request = self._pb.NodePrepareResourcesRequest(claims=self._claims(claims))
+        response = await self._stub.NodePrepareResources(request, timeout=self.timeout)
+        return {
+            uid: ClaimResult(
+                devices=[PreparedDevice(d.request_names, d.pool_name, d.device_name, d.cdi_device_ids) for d in r.devices],
+                error=r.error,
+            )
+            for uid, r in response.claims.items()
+        }
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """NodeUnprepareResources: the error per claim UID ("" when it succeeded)."""
+        request = self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
+        response = await self._stub.NodeUnprepareResources(request, timeout=self.timeout)
+        return {uid: r.error for uid, r in response.claims.items()}
+
+    async def health(self) -> AsyncIterator[dict[str, str]]:
+        """The health stream: per message, device name -> HEALTHY / UNHEALTHY / UNKNOWN."""
+        stub = health_grpc.DRAResourceHealthStub(self._channel)
+        async for message in stub.NodeWatchResources(drahealth_v1alpha1_pb2.NodeWatchResourcesRequest()):
+            yield {
+                d.device.device_name: drahealth_v1alpha1_pb2.HealthStatus.Name(d.health)  # type: ignore[attr-defined]
+                for d in message.devices
+            }
+
+
+class DraKubeletStandIn:
+    """The kubelet's plugin watcher on ``registry_dir`` (see the module docstring)."""
+
+    def __init__(self, registry_dir: Path, *, prefer: str = "v1.DRAPlugin", timeout: float = 10.0) -> None:
+        self.registry_dir = Path(registry_dir)
+        self.prefer = prefer
+        self.timeout = timeout
+        self.statuses: list[tuple[str, bool]] = []  # (driver, registered) as notified
+        self._watch: FolderWatch | None = None
+        self._connections: list[DraPluginConnection] = []
+
+    async def __aenter__(self) -> DraKubeletStandIn:
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        self._watch = FolderWatch(self.registry_dir)
+        await self._watch.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for conn in self._connections:
+            await conn.close()
+        if self._watch is not None:
+            await self._watch.__aexit__(None, None, None)
+
+    def socket(self, driver: str) -> Path:
+        return self.registry_dir / f"{driver}-reg.sock"
+
+    async def wait_registered(self, driver: str, *, refuse: str | None = None) -> DraPluginConnection:
+        """Wait for the driver's registration socket, register it and connect to its endpoint.
+
+        ``refuse`` answers NotifyRegistrationStatus with that error instead (and returns nothing usable).
+        """
+        assert self._watch is not None, "use as async context manager"
+        watch = aiter(self._watch)
+        while not self.socket(driver).exists():
+            await anext(watch)
+        return await self.register(driver, refuse=refuse)
+
+    async def register(self, driver: str, *, refuse: str | None = None) -> DraPluginConnection:
+        async with grpc.aio.insecure_channel(f"unix://{self.socket(driver)}") as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            answer = await stub.GetInfo(reg_pb.InfoRequest(), timeout=self.timeout, wait_for_ready=True)
+            info = PluginInfo(answer.type, answer.name, answer.endpoint, answer.supported_versions)
+            problem = refuse or self._problem(info, driver)
+            await stub.NotifyRegistrationStatus(
+                reg_pb.RegistrationStatus(plugin_registered=problem is None, error=problem or ""), timeout=self.timeout
+            )
+        self.statuses.append((driver, problem is None))
+        if problem is not None:
+            raise RegistrationRefused(problem)
+        service = self.prefer if self.prefer in info.versions else next(v for v in SERVICES if v in info.versions)
+        conn = DraPluginConnection(info, service, self.timeout)
+        self._connections.append(conn)
+        return conn
+
+    @staticmethod
+    def _problem(info: PluginInfo, driver: str) -> str | None:
+        if info.type != "DRAPlugin":
+            return f"plugin type {info.type!r} is not DRAPlugin"
+        if info.name != driver:
+            return f"plugin name {info.name!r} is not the driver {driver!r}"
+        if not Path(info.endpoint).is_absolute():
+            return f"endpoint {info.endpoint!r} is not an absolute path"
+        if not any(v in SERVICES for v in info.versions):
+            return f"none of the versions {list(info.versions)} is supported"
+        return None

@@ -1,0 +1,282 @@
+"""DRA through the real daemon, in-process, against the DRA kubelet stand-in and the API-server stand-in.
+
+Real gRPC over unix sockets (registration, DRAPlugin v1 and v1beta1, health), real HTTP to the
+API stand-in (lightkube, kubeconfig with a token). Covers: registration (type, endpoint,
+versions) marks the resource ready; slices with the right devices, typed attributes, pool and
+generation; a claim prepares with a per-claim CDI spec holding the device's env and the claim's
+ID env, answered with its CDI IDs; a repeated prepare answers the same; unprepare removes the
+spec; a restarted daemon answers a repeated prepare from its checkpoint and unprepares what the
+earlier one prepared; an unhealthy device is tainted (or withdrawn where the server drops
+taints); slices deleted behind the driver's back come back; one process serves a resource as DRA
+and another as a device plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from cdiplug.config import Config, parse_config
+from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn, KubeletStandIn
+from cdiplug.testing.dra_kubelet import ClaimRef
+from cdiplug.world import World
+
+FPGA = "example.com/fpga"
+DRIVER = "fpga.example.com"
+DONGLE = "example.com/dongle"
+NODE = "node-a"
+
+
+@pytest.fixture
+def health_file(short_tmp: Path) -> Path:
+    return short_tmp / "health.yaml"
+
+
+@pytest.fixture
+def config(health_file: Path) -> Config:
+    return parse_config(
+        {
+            "resources": [
+                {
+                    "name": FPGA,
+                    "backend": "fake",
+                    "api": "dra",
+                    "options": {
+                        "count": 2,
+                        "health_file": str(health_file),
+                        "attributes": {"fpga-0": {"speed": 1, "fast": False}, "fpga-1": {"speed": 9, "fast": True}},
+                    },
+                },
+                {"name": DONGLE, "backend": "fake", "options": {"count": 1}},
+            ]
+        },
+        source="test_dra",
+    )
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServerStandIn]:
+    async with ApiServerStandIn() as server:
+        server.put_node(NODE)
+        yield server
+
+
+@pytest.fixture
+def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
+    return attrs.evolve(
+        world,
+        plugins_registry_dir=short_tmp / "reg",
+        plugins_dir=short_tmp / "plugins",
+        node_name=NODE,
+        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config: Config, world: World) -> AsyncIterator[None]:
+    from cdiplug.daemon import serve
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(config, world, stop=stop), name="daemon under test")
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def claim(uid: str, results: list[tuple[str, str]], name: str = "", namespace: str = "default") -> dict[str, Any]:
+    """A ResourceClaim allocated to ``results`` ((request, device) of our driver on NODE)."""
+    return {
+        "metadata": {"name": name or f"claim-{uid[:8]}", "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": DRIVER}} for r, _ in results]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": r, "driver": DRIVER, "pool": NODE, "device": d} for r, d in results]
+                    + [{"request": "other", "driver": "other.example.com", "pool": NODE, "device": "x"}]
+                }
+            }
+        },
+    }
+
+
+def ref_of(obj: dict[str, Any]) -> ClaimRef:
+    meta = obj["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+UID1 = "11111111-2222-3333-4444-555555555555"
+UID2 = "66666666-7777-8888-9999-000000000000"
+
+
+async def slices_settle(api: ApiServerStandIn, predicate: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    await asyncio.wait_for(api.wait_for(lambda: predicate(api.slices(spec__driver=DRIVER))), 10)
+    return api.slices(spec__driver=DRIVER)
+
+
+async def test_registers_publishes_and_prepares(config: Config, dra_world: World, api: ApiServerStandIn, short_tmp: Path) -> None:
+    async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet, running_daemon(config, dra_world):
+        conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+        assert conn.info.type == "DRAPlugin"
+        assert conn.info.endpoint == str(dra_world.plugins_dir / DRIVER / "dra.sock")
+        assert conn.info.versions == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+        assert kubelet.statuses == [(DRIVER, True)]
+
+        slices = await slices_settle(api, lambda s: len(s) == 1)
+        spec = slices[0]["spec"]
+        assert spec["nodeName"] == NODE
+        assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+        devices = {d["name"]: d for d in spec["devices"]}
+        assert set(devices) == {"fpga-0", "fpga-1"}
+        assert devices["fpga-1"]["attributes"] == {
+            "id": {"string": "fpga-1"},
+            "model": {"string": "fake fpga"},
+            "speed": {"int": 9},
+            "fast": {"bool": True},
+        }
+        assert slices[0]["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+        obj = api.put_claim(claim(UID1, [("fpga", "fpga-1")]))
+        answer = await conn.prepare([ref_of(obj)])
+        result = answer[UID1]
+        assert result.error == ""
+        assert [(d.request_names, d.pool, d.device) for d in result.devices] == [(("fpga",), NODE, "fpga-1")]
+        cdi_id = f"k8s.{DRIVER}/claim={UID1}-fpga-1"
+        assert result.devices[0].cdi_ids == (cdi_id,)
+
+        spec_file = dra_world.cdi_dir / f"cdiplug-claim-{UID1}.json"
+        cdi = json.loads(spec_file.read_text())
+        assert spec_file.stat().st_mode & 0o777 == 0o644
+        assert cdi["kind"] == f"k8s.{DRIVER}/claim"
+        assert [d["name"] for d in cdi["devices"]] == [f"{UID1}-fpga-1"]
+        assert "FAKE_FPGA_DEVICE_1=fpga-1" in cdi["devices"][0]["containerEdits"]["env"]
+        assert "FAKE_FPGA_DEVICES=fpga-1" in cdi["containerEdits"]["env"]
+
+        again = await conn.prepare([ref_of(obj)])
+        assert again[UID1] == result
+
+        assert await conn.unprepare([ref_of(obj)]) == {UID1: ""}
+        assert not spec_file.exists()
+        assert await conn.unprepare([ref_of(obj)]) == {UID1: ""}  # already unprepared: fine
+
+
+async def test_v1beta1_and_per_claim_errors(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
+    async with DraKubeletStandIn(dra_world.plugins_registry_dir, prefer="v1beta1.DRAPlugin") as kubelet:
+        async with running_daemon(config, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            assert conn.service == "v1beta1.DRAPlugin"
+            await slices_settle(api, lambda s: len(s) == 1)
+            good = api.put_claim(claim(UID1, [("a", "fpga-0"), ("b", "fpga-1")]))
+            unknown = api.put_claim(claim(UID2, [("a", "fpga-7")]))
+            missing = ClaimRef("default", "nope", "99999999-9999-9999-9999-999999999999")
+            answer = await conn.prepare([ref_of(good), ref_of(unknown), missing])
+            assert [d.device for d in answer[UID1].devices] == ["fpga-0", "fpga-1"]
+            assert "fpga-7" in answer[UID2].error
+            assert "nope" in answer[missing.uid].error
+            replaced = ClaimRef("default", good["metadata"]["name"], UID2)
+            assert "replaced" in (await conn.prepare([replaced]))[UID2].error
+
+
+async def test_restart_keeps_prepared_claims(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
+    async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet:
+        async with running_daemon(config, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            await slices_settle(api, lambda s: len(s) == 1)
+            obj = api.put_claim(claim(UID1, [("fpga", "fpga-0")]))
+            first = (await conn.prepare([ref_of(obj)]))[UID1]
+        spec_file = dra_world.cdi_dir / f"cdiplug-claim-{UID1}.json"
+        assert spec_file.exists()  # running pods keep their spec across a restart
+        assert not (dra_world.plugins_registry_dir / f"{DRIVER}-reg.sock").exists()
+        stray = dra_world.cdi_dir / "cdiplug-claim-00000000-0000-0000-0000-000000000000.json"
+        stray.write_text("{}")
+        api.delete_object("resourceclaims", obj["metadata"]["name"], "default")  # answered from the checkpoint
+        async with running_daemon(config, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            assert not stray.exists()  # not in the checkpoint: removed at start
+            assert (await conn.prepare([ref_of(obj)]))[UID1] == first
+            assert await conn.unprepare([ref_of(obj)]) == {UID1: ""}
+            assert not spec_file.exists()
+        slices = api.slices(spec__driver=DRIVER)
+        assert len(slices) == 1 and slices[0]["spec"]["pool"]["generation"] >= 1
+
+
+async def test_unhealthy_device_is_tainted(config: Config, dra_world: World, api: ApiServerStandIn, health_file: Path) -> None:
+    async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet, running_daemon(config, dra_world):
+        conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+        await slices_settle(api, lambda s: len(s) == 1)
+        health = conn.health()
+        assert await anext(health) == {"fpga-0": "HEALTHY", "fpga-1": "HEALTHY"}
+        health_file.write_text("fpga-1: Unhealthy\n")
+
+        def tainted(slices: list[dict[str, Any]]) -> bool:
+            return any(d.get("taints") for s in slices for d in s["spec"]["devices"])
+
+        slices = await slices_settle(api, tainted)
+        devices = {d["name"]: d for d in slices[0]["spec"]["devices"]}
+        assert devices["fpga-1"]["taints"] == [{"key": "cdiplug.dev/unhealthy", "value": "true", "effect": "NoSchedule"}]
+        assert "taints" not in devices["fpga-0"]
+        assert slices[0]["spec"]["pool"]["generation"] == 2
+        assert await anext(health) == {"fpga-0": "HEALTHY", "fpga-1": "UNHEALTHY"}
+        await health.aclose()
+
+
+async def test_unhealthy_device_is_withdrawn_where_taints_are_dropped(
+    config: Config, dra_world: World, api: ApiServerStandIn, health_file: Path
+) -> None:
+    api.drop_taints = True
+    health_file.write_text("fpga-1: Unhealthy\n")
+    async with running_daemon(config, dra_world):
+        slices = await slices_settle(api, lambda s: len(s) == 1 and [d["name"] for d in s[0]["spec"]["devices"]] == ["fpga-0"])
+        assert not any(d.get("taints") for d in slices[0]["spec"]["devices"])
+
+
+async def test_slices_changed_behind_our_back_come_back(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
+    stale = {
+        "metadata": {"name": "leftover"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 7, "resourceSliceCount": 2},
+            "devices": [],
+        },
+    }
+    foreign = {
+        "metadata": {"name": "someone-else"},
+        "spec": {"driver": DRIVER, "nodeName": "node-b", "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1}},
+    }
+    for obj in (stale, foreign):
+        api._store(("resourceslices", "", obj["metadata"]["name"]), obj, create_only=True)
+    async with running_daemon(config, dra_world):
+        slices = await slices_settle(api, lambda s: {x["metadata"]["name"] for x in s} == {f"{NODE}-{DRIVER}-0", "someone-else"})
+        ours = next(s for s in slices if s["spec"]["nodeName"] == NODE)
+        assert ours["spec"]["pool"]["generation"] == 8  # continues after the stale pool's generation
+        api.delete_object("resourceslices", ours["metadata"]["name"])
+        again = await slices_settle(api, lambda s: any(x["spec"]["nodeName"] == NODE for x in s))
+        assert next(s for s in again if s["spec"]["nodeName"] == NODE)["spec"]["pool"]["generation"] == 9
+        api.modify_slice(f"{NODE}-{DRIVER}-0", lambda o: o["spec"].update(devices=[]))
+        fixed = await slices_settle(
+            api, lambda s: any(x["spec"]["nodeName"] == NODE and len(x["spec"]["devices"]) == 2 for x in s)
+        )
+        assert len(fixed) == 2
+    assert api.slices(metadata__name="someone-else")[0]["spec"]["nodeName"] == "node-b"  # never touched
+
+
+async def test_one_process_serves_dra_and_device_plugin(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
+    async with (
+        KubeletStandIn(dra_world.kubelet_dir) as dp_kubelet,
+        DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet,
+        running_daemon(config, dra_world),
+    ):
+        await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+        await dp_kubelet.wait_registered(DONGLE, timeout=10)
+        assert dp_kubelet.resources == (DONGLE,)  # the DRA resource is never a device plugin too
+        assert not (dra_world.kubelet_dir / "example.com-fpga.sock").exists()
+        assert not any(s["spec"]["driver"] == "dongle.example.com" for s in api.slices())
