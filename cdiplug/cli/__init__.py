@@ -17,7 +17,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..world import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_STATE_DIR, World
+from ..world import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_PLUGINS_REGISTRY_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_STATE_DIR,
+    World,
+    default_node_name,
+)
 
 EXIT_USAGE = 2
 
@@ -49,7 +58,24 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--pod-resources-socket", str(DEFAULT_POD_RESOURCES_SOCKET), help="kubelet pod-resources socket")
 
 
+def add_dra_options(parser: argparse.ArgumentParser) -> None:
+    """The node and folders DRA needs (resources with ``api: dra``)."""
+    add_option(parser, "--node-name", help="this node's name (default $NODE_NAME, else the host name)")
+    add_option(parser, "--kubeconfig", help="kubeconfig for the API server (default: in-cluster, else $KUBECONFIG)")
+    add_option(parser, "--plugins-registry-dir", str(DEFAULT_PLUGINS_REGISTRY_DIR), help="kubelet plugin registration folder")
+    add_option(parser, "--plugins-dir", str(DEFAULT_PLUGINS_DIR), help="kubelet plugins folder (DRA sockets)")
+
+
 def world_from_args(args: argparse.Namespace) -> World:
+    dra: dict[str, object] = {}
+    if hasattr(args, "plugins_dir"):  # commands with add_dra_options
+        kubeconfig = getattr(args, "kubeconfig", None)
+        dra = {
+            "node_name": args.node_name or default_node_name(),
+            "kubeconfig": Path(kubeconfig) if kubeconfig else None,
+            "plugins_registry_dir": Path(args.plugins_registry_dir),
+            "plugins_dir": Path(args.plugins_dir),
+        }
     return World(
         kubelet_dir=Path(args.kubelet_dir),
         cdi_dir=Path(args.cdi_dir),
@@ -57,6 +83,7 @@ def world_from_args(args: argparse.Namespace) -> World:
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         pod_resources_socket=Path(args.pod_resources_socket),
+        **dra,  # type: ignore[arg-type]
     )
 
 

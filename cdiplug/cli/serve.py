@@ -18,6 +18,7 @@ from ..logs import FORMATS, setup_logging
 from . import (
     EXIT_USAGE,
     add_config_option,
+    add_dra_options,
     add_option,
     add_world_options,
     world_from_args,
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     add_config_option(parser)
     add_world_options(parser)
+    add_dra_options(parser)
     add_option(parser, "--log-format", "text", choices=FORMATS, help="log lines as text or JSON")
     add_option(parser, "--metrics-address", help="serve /metrics, /healthz and /readyz on HOST:PORT")
     parser.set_defaults(func=run)
