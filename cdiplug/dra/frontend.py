@@ -143,12 +143,12 @@ class DraFrontEnd:
                     self.recorder.forget(drv.name)
                 log.info("stopped DRA driver %s of %s", drv.driver, drv.name)
             for rc in resources:
-                drv = self._drivers.get(rc.name)
-                if drv is not None:
-                    if drv.resource != rc or rc.name in recreated:
-                        drv.resource = rc
-                        drv.preparer.resource = rc
-                        self.host.attach(rc.name, drv)  # the latest snapshot again, from a new backend maybe
+                current = self._drivers.get(rc.name)
+                if current is not None:
+                    if current.resource != rc or rc.name in recreated:
+                        current.resource = rc
+                        current.preparer.resource = rc
+                        self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
                     continue
                 drv = self._new_driver(rc)
                 try:

@@ -63,4 +63,4 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
 
 
 def add_to_server(server: grpc.aio.Server, feed: HealthFeed) -> None:
-    pb_grpc.add_DRAResourceHealthServicer_to_server(feed, server)
+    pb_grpc.add_DRAResourceHealthServicer_to_server(feed, server)  # type: ignore[no-untyped-call]

@@ -71,8 +71,20 @@ def _error(what: str, exc: Exception) -> KubernetesError:
     return KubernetesError(f"{what}: {type(exc).__name__}: {exc}")
 
 
-def _fields(driver: str, node: str) -> dict[str, str]:
+def _fields(driver: str, node: str) -> dict[str, Any]:
     return {"spec.nodeName": node, "spec.driver": driver}
+
+
+def _slice(body: Mapping[str, Any]) -> ResourceSlice:
+    obj = ResourceSlice.from_dict(dict(body))
+    assert isinstance(obj, ResourceSlice)
+    return obj
+
+
+def _dict(obj: Any) -> dict[str, Any]:
+    out = obj.to_dict()
+    assert isinstance(out, dict)
+    return out
 
 
 class LightkubeClient:
@@ -85,7 +97,7 @@ class LightkubeClient:
         what = f"cannot list the ResourceSlices of {driver} on {node}"
         try:
             listing = self._client.list(ResourceSlice, fields=_fields(driver, node))
-            items = [item.to_dict() async for item in listing]
+            items = [_dict(item) async for item in listing]
             try:
                 version = listing.resourceVersion
             except NotReadyError:
@@ -100,23 +112,23 @@ class LightkubeClient:
             async for kind, obj in self._client.watch(
                 ResourceSlice, fields=_fields(driver, node), resource_version=resource_version
             ):
-                yield kind, obj.to_dict()
+                yield kind, _dict(obj)
         except (ApiError, httpx2.HTTPError) as exc:
             raise _error(what, exc) from exc
 
     async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            created = await self._client.create(ResourceSlice.from_dict(dict(body)))
+            created = await self._client.create(_slice(body))
         except (ApiError, httpx2.HTTPError) as exc:
             raise _error(f"cannot create ResourceSlice {body['metadata']['name']}", exc) from exc
-        return created.to_dict()
+        return _dict(created)
 
     async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            replaced = await self._client.replace(ResourceSlice.from_dict(dict(body)))
+            replaced = await self._client.replace(_slice(body))
         except (ApiError, httpx2.HTTPError) as exc:
             raise _error(f"cannot update ResourceSlice {body['metadata']['name']}", exc) from exc
-        return replaced.to_dict()
+        return _dict(replaced)
 
     async def delete_slice(self, name: str) -> None:
         try:
@@ -131,14 +143,14 @@ class LightkubeClient:
             claim = await self._client.get(ResourceClaim, name, namespace=namespace)
         except (ApiError, httpx2.HTTPError) as exc:
             raise _error(f"cannot read ResourceClaim {namespace}/{name}", exc) from exc
-        return claim.to_dict()
+        return _dict(claim)
 
     async def get_node(self, name: str) -> dict[str, Any]:
         try:
             node = await self._client.get(Node, name)
         except (ApiError, httpx2.HTTPError) as exc:
             raise _error(f"cannot read Node {name}", exc) from exc
-        return node.to_dict()
+        return _dict(node)
 
     async def close(self) -> None:
         await self._client.close()

@@ -53,4 +53,4 @@ class RegistrationService(pb_grpc.RegistrationServicer):
 
 
 def add_to_server(server: grpc.aio.Server, service: RegistrationService) -> None:
-    pb_grpc.add_RegistrationServicer_to_server(service, server)
+    pb_grpc.add_RegistrationServicer_to_server(service, server)  # type: ignore[no-untyped-call]

@@ -111,5 +111,5 @@ class _V1beta1(_Plugin, dra_v1beta1_pb2_grpc.DRAPluginServicer):
 
 def add_to_server(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
     """Serve both versions of the DRA plugin service for ``preparer`` on ``server``."""
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(preparer, dra_v1beta1_pb2), server)
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2), server)  # type: ignore[no-untyped-call]
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(preparer, dra_v1beta1_pb2), server)  # type: ignore[no-untyped-call]

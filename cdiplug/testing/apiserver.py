@@ -287,7 +287,7 @@ class ApiServerStandIn:
             return 200, obj
         if method in ("POST", "PUT") and plural == SLICES:
             obj = json.loads(body)
-            key = (plural, ns, name if method == "PUT" else obj.get("metadata", {}).get("name") or "")
+            key: Key = (plural, ns, str(name if method == "PUT" else obj.get("metadata", {}).get("name") or ""))
             if not key[2]:
                 raise _HttpError(422, "Invalid", "metadata.name is required")
             if method == "PUT" and key not in self._objects:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import grpc
-from attrs import field, frozen
+from attrs import frozen
 
 from ..api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, drahealth_v1alpha1_pb2
 from ..api import drahealth_v1alpha1_pb2_grpc as health_grpc
@@ -47,17 +47,17 @@ class ClaimRef:
 
 @frozen
 class PreparedDevice:
-    request_names: tuple[str, ...] = field(converter=tuple)
+    request_names: tuple[str, ...]
     pool: str
     device: str
-    cdi_ids: tuple[str, ...] = field(converter=tuple)
+    cdi_ids: tuple[str, ...]
 
 
 @frozen
 class ClaimResult:
     """The driver's answer for one claim: its devices, or its error."""
 
-    devices: tuple[PreparedDevice, ...] = field(default=(), converter=tuple)
+    devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
 
 
@@ -66,7 +66,7 @@ class PluginInfo:
     type: str
     name: str
     endpoint: str
-    versions: tuple[str, ...] = field(converter=tuple)
+    versions: tuple[str, ...]
 
 
 class DraPluginConnection:
@@ -92,7 +92,9 @@ class DraPluginConnection:
         response = await self._stub.NodePrepareResources(request, timeout=self.timeout)
         return {
             uid: ClaimResult(
-                devices=[PreparedDevice(d.request_names, d.pool_name, d.device_name, d.cdi_device_ids) for d in r.devices],
+                devices=tuple(
+                    PreparedDevice(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids)) for d in r.devices
+                ),
                 error=r.error,
             )
             for uid, r in response.claims.items()
@@ -106,12 +108,9 @@ class DraPluginConnection:
 
     async def health(self) -> AsyncIterator[dict[str, str]]:
         """The health stream: per message, device name -> HEALTHY / UNHEALTHY / UNKNOWN."""
-        stub = health_grpc.DRAResourceHealthStub(self._channel)
+        stub = health_grpc.DRAResourceHealthStub(self._channel)  # type: ignore[no-untyped-call]
         async for message in stub.NodeWatchResources(drahealth_v1alpha1_pb2.NodeWatchResourcesRequest()):
-            yield {
-                d.device.device_name: drahealth_v1alpha1_pb2.HealthStatus.Name(d.health)  # type: ignore[attr-defined]
-                for d in message.devices
-            }
+            yield {d.device.device_name: drahealth_v1alpha1_pb2.HealthStatus.Name(d.health) for d in message.devices}
 
 
 class DraKubeletStandIn:
@@ -153,9 +152,9 @@ class DraKubeletStandIn:
 
     async def register(self, driver: str, *, refuse: str | None = None) -> DraPluginConnection:
         async with grpc.aio.insecure_channel(f"unix://{self.socket(driver)}") as channel:
-            stub = reg_grpc.RegistrationStub(channel)
+            stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             answer = await stub.GetInfo(reg_pb.InfoRequest(), timeout=self.timeout, wait_for_ready=True)
-            info = PluginInfo(answer.type, answer.name, answer.endpoint, answer.supported_versions)
+            info = PluginInfo(answer.type, answer.name, answer.endpoint, tuple(answer.supported_versions))
             problem = refuse or self._problem(info, driver)
             await stub.NotifyRegistrationStatus(
                 reg_pb.RegistrationStatus(plugin_registered=problem is None, error=problem or ""), timeout=self.timeout
