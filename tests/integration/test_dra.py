@@ -14,7 +14,6 @@ and another as a device plugin.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from cdiplug.config import Config, parse_config
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn, KubeletStandIn
+from cdiplug.testing.daemon import running_daemon
 from cdiplug.testing.dra_kubelet import ClaimRef
 from cdiplug.world import World
 
@@ -77,19 +77,6 @@ def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
         node_name=NODE,
         kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
     )
-
-
-@contextlib.asynccontextmanager
-async def running_daemon(config: Config, world: World) -> AsyncIterator[None]:
-    from cdiplug.daemon import serve
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, world, stop=stop), name="daemon under test")
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 def claim(uid: str, results: list[tuple[str, str]], name: str = "", namespace: str = "default") -> dict[str, Any]:
