@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx2
+import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
@@ -31,6 +32,8 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from ..errors import KubernetesError
 
 FIELD_MANAGER = "cdiplug"
+# What the client raises: the server's answers, the transport's failures, and answers it cannot decode.
+_ERRORS = (ApiError, httpx2.HTTPError, msgspec.ValidationError, msgspec.DecodeError)
 NOT_FOUND = 404
 CONFLICT = 409
 GONE = 410
@@ -76,7 +79,10 @@ def _fields(driver: str, node: str) -> dict[str, Any]:
 
 
 def _slice(body: Mapping[str, Any]) -> ResourceSlice:
-    obj = ResourceSlice.from_dict(dict(body))
+    try:
+        obj = ResourceSlice.from_dict(dict(body))
+    except msgspec.ValidationError as exc:
+        raise KubernetesError(f"not a valid ResourceSlice: {exc}") from exc
     assert isinstance(obj, ResourceSlice)
     return obj
 
@@ -103,7 +109,7 @@ class LightkubeClient:
             except NotReadyError:
                 version = ""
             return items, version
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             raise _error(what, exc) from exc
 
     async def watch_slices(self, driver: str, node: str, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -113,27 +119,27 @@ class LightkubeClient:
                 ResourceSlice, fields=_fields(driver, node), resource_version=resource_version
             ):
                 yield kind, _dict(obj)
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             raise _error(what, exc) from exc
 
     async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
             created = await self._client.create(_slice(body))
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             raise _error(f"cannot create ResourceSlice {body['metadata']['name']}", exc) from exc
         return _dict(created)
 
     async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
             replaced = await self._client.replace(_slice(body))
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             raise _error(f"cannot update ResourceSlice {body['metadata']['name']}", exc) from exc
         return _dict(replaced)
 
     async def delete_slice(self, name: str) -> None:
         try:
             await self._client.delete(ResourceSlice, name)
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             err = _error(f"cannot delete ResourceSlice {name}", exc)
             if err.status != NOT_FOUND:
                 raise err from exc
@@ -141,14 +147,14 @@ class LightkubeClient:
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         try:
             claim = await self._client.get(ResourceClaim, name, namespace=namespace)
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             raise _error(f"cannot read ResourceClaim {namespace}/{name}", exc) from exc
         return _dict(claim)
 
     async def get_node(self, name: str) -> dict[str, Any]:
         try:
             node = await self._client.get(Node, name)
-        except (ApiError, httpx2.HTTPError) as exc:
+        except _ERRORS as exc:
             raise _error(f"cannot read Node {name}", exc) from exc
         return _dict(node)
 

@@ -1,0 +1,125 @@
+"""The slice publisher (cdiplug.dra.publisher) against the API-server stand-in over real HTTP (lightkube).
+
+Covers: a pool spread over several slices, each with the pool's generation and count; shrinking
+deletes the slices no longer needed and bumps the generation; an unchanged snapshot writes
+nothing; slices of other drivers and nodes are never touched; a server that is down at first is
+retried; withdraw deletes only our slices; the client maps API errors to KubernetesError; a daemon
+without DRA resources never imports the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from cdiplug.dra.kubeclient import LightkubeClient, load_config
+from cdiplug.dra.publisher import SlicePublisher
+from cdiplug.errors import KubernetesError
+from cdiplug.model import Device, DeviceSnapshot
+from cdiplug.testing import ApiServerStandIn
+
+DRIVER = "many.example.com"
+
+
+def snapshot(count: int) -> DeviceSnapshot:
+    return DeviceSnapshot("example.com/many", [Device(f"many-{i}") for i in range(count)])
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServerStandIn]:
+    async with ApiServerStandIn() as server:
+        server.put_node("n1")
+        yield server
+
+
+@pytest.fixture
+async def client(api: ApiServerStandIn, tmp_path: Path) -> AsyncIterator[LightkubeClient]:
+    client = LightkubeClient(load_config(api.kubeconfig(tmp_path / "kubeconfig")))
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def publisher(client: LightkubeClient) -> AsyncIterator[SlicePublisher]:
+    publisher = SlicePublisher(client, DRIVER, "n1", backoff=(0.01, 0.05))
+    task = asyncio.create_task(publisher.run(), name="publisher under test")
+    yield publisher
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def pool(api: ApiServerStandIn) -> list[tuple[str, int, int, int]]:
+    return [
+        (
+            s["metadata"]["name"],
+            len(s["spec"]["devices"]),
+            s["spec"]["pool"]["generation"],
+            s["spec"]["pool"]["resourceSliceCount"],
+        )
+        for s in api.slices(spec__driver=DRIVER, spec__nodeName="n1")
+    ]
+
+
+async def test_many_devices_spread_shrink_and_stay(api: ApiServerStandIn, publisher: SlicePublisher) -> None:
+    foreign = {"metadata": {"name": "x"}, "spec": {"driver": "other.example.com", "nodeName": "n1", "pool": {"name": "n1"}}}
+    api._store(("resourceslices", "", "x"), foreign, create_only=True)
+    publisher.want(snapshot(300))
+    await asyncio.wait_for(publisher.wait_published(1), 10)
+    assert pool(api) == [(f"n1-{DRIVER}-0", 128, 1, 3), (f"n1-{DRIVER}-1", 128, 1, 3), (f"n1-{DRIVER}-2", 44, 1, 3)]
+    publisher.want(snapshot(100))
+    await asyncio.wait_for(publisher.wait_published(2), 10)
+    assert pool(api) == [(f"n1-{DRIVER}-0", 100, 2, 1)]
+    writes = len(api.requests)
+    publisher.want(snapshot(100))  # the same devices: nothing to write
+    publisher.want(snapshot(100))
+    await asyncio.sleep(0)
+    assert publisher.publishes == 2
+    await publisher.withdraw()
+    assert pool(api) == [] and len(api.slices()) == 1  # the other driver's slice is still there
+    assert all(method in ("GET", "DELETE") for method, _ in api.requests[writes:])
+
+
+async def test_a_server_down_at_first_is_retried(api: ApiServerStandIn, publisher: SlicePublisher) -> None:
+    await api.stop()
+    publisher.want(snapshot(2))
+    await asyncio.sleep(0.05)
+    await api.start()  # the same port
+    await asyncio.wait_for(publisher.wait_published(1), 10)
+    assert pool(api) == [(f"n1-{DRIVER}-0", 2, 1, 1)]
+
+
+async def test_errors_become_kubernetes_errors(client: LightkubeClient, api: ApiServerStandIn) -> None:
+    with pytest.raises(KubernetesError) as info:
+        await client.get_claim("default", "missing")
+    assert info.value.status == 404
+    pool = {"name": "n1", "generation": 1, "resourceSliceCount": 0}
+    bad = {"metadata": {"name": "bad"}, "spec": {"driver": DRIVER, "nodeName": "n1", "pool": pool}}
+    with pytest.raises(KubernetesError) as info:
+        await client.create_slice(bad)  # resourceSliceCount 0: the server refuses it
+    assert info.value.status == 422
+    await api.stop()
+    with pytest.raises(KubernetesError) as info:
+        await client.get_node("n1")
+    assert info.value.status is None
+
+
+def test_no_credentials_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubernetesError, match="no Kubernetes credentials"):
+        load_config(None)
+
+
+def test_a_daemon_without_dra_never_imports_the_kubernetes_client() -> None:
+    code = (
+        "import sys, cdiplug.daemon, cdiplug.node, cdiplug.cli;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2') or m.startswith('cdiplug.dra')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
