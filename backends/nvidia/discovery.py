@@ -14,13 +14,15 @@ var is ``NVIDIA_VISIBLE_DEVICES``. Blocking functions here are called through
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
 
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.model import AttributeValue, ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health, Version
 from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
@@ -39,6 +41,7 @@ class Gpu:
 
     info: GpuInfo
     numa_node: int | None = None
+    pcie_root: str | None = None  # the PCIe root complex (``pci0000:00``), for DRA
     handle: Any = field(default=None, eq=False, repr=False)
 
     @property
@@ -70,6 +73,19 @@ def numa_node(sysfs_root: Path, bus_id: str) -> int | None:
     return node if node >= 0 else None
 
 
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+# The attribute Kubernetes standardised for "devices on the same PCIe root" (KEP-5491).
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+
+
+def pcie_root(sysfs_root: Path, bus_id: str) -> str | None:
+    """The PCIe root complex of a PCI device from its real sysfs path; None when unknown."""
+    if "/" in bus_id or bus_id in ("", ".", ".."):
+        return None
+    real = os.path.realpath(Path(sysfs_root) / "bus/pci/devices" / bus_id)
+    return next((part for part in real.split(os.sep) if _PCIE_ROOT.fullmatch(part)), None)
+
+
 def discover(nvml: Nvml, world: World) -> Inventory:
     """Every GPU NVML knows, in index order. NVML must be initialized. Blocking.
 
@@ -84,7 +100,15 @@ def discover(nvml: Nvml, world: World) -> Inventory:
             log.error("skipping GPU %d: NVML cannot describe it: %s", index, exc)
             skipped.append((f"GPU {index}", f"NVML cannot describe it: {exc}"))
             continue
-        gpus.append(Gpu(info=info, numa_node=numa_node(world.sysfs_root, info.pci_bus_id), handle=handle))
+        bus_id = info.pci_bus_id
+        gpus.append(
+            Gpu(
+                info=info,
+                numa_node=numa_node(world.sysfs_root, bus_id),
+                pcie_root=pcie_root(world.sysfs_root, bus_id),
+                handle=handle,
+            )
+        )
     return Inventory(gpus=tuple(gpus), skipped=tuple(skipped))
 
 
@@ -123,13 +147,37 @@ def gpu_attributes(gpu: Gpu) -> dict[str, str]:
     }
 
 
+def dra_attributes(gpu: Gpu) -> dict[str, AttributeValue]:
+    """Typed attributes for DRA claims to select on (CEL), beside the strings above."""
+    info = gpu.info
+    out: dict[str, AttributeValue] = {"productName": info.name, "uuid": info.uuid, "gpuIndex": info.index}
+    if info.architecture is not None:
+        out["architecture"] = info.architecture
+    if info.compute_capability is not None:
+        out["cudaComputeCapability"] = Version(f"{info.compute_capability[0]}.{info.compute_capability[1]}.0")
+    if info.driver_version is not None:
+        out["driverVersion"] = Version(_semver(info.driver_version))
+    if gpu.numa_node is not None:
+        out["numaNode"] = gpu.numa_node
+    if gpu.pcie_root is not None:
+        out[PCIE_ROOT_ATTRIBUTE] = gpu.pcie_root
+    return out
+
+
+def _semver(version: str) -> str:
+    """NVIDIA's ``550.54.15`` is semver already; ``550.54`` gets its ``.0``."""
+    parts = version.split(".")
+    return ".".join((parts + ["0", "0"])[:3]) if len(parts) < 3 else version
+
+
 def to_device(gpu: Gpu, health: Health) -> Device:
     return Device(
         id=gpu.uuid,
         health=health,
         numa_nodes=() if gpu.numa_node is None else (gpu.numa_node,),
         edits=ContainerEdits(device_nodes=(DeviceNode(path=gpu.device_path, permissions="rw"),)),
-        attributes=gpu_attributes(gpu),
+        attributes={**gpu_attributes(gpu), **dra_attributes(gpu)},
+        capacity={"memory": str(gpu.info.memory)},
     )
 
 

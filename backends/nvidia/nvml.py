@@ -73,6 +73,24 @@ class GpuInfo:
     memory: int
     pci_bus_id: str
     mig_enabled: bool | None = None
+    # For DRA attributes; None when this NVML cannot tell.
+    architecture: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    driver_version: str | None = None
+
+
+# nvmlDeviceGetArchitecture's answers (NVML_DEVICE_ARCH_*).
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+}
 
 
 @frozen
@@ -199,6 +217,24 @@ class Nvml:
         enabled = self._const("NVML_DEVICE_MIG_ENABLE", 1)
         return self._guard("nvmlDeviceGetMigMode", lambda: int(current[0]) == enabled)
 
+    def _optional(self, name: str, fn: Callable[[], T]) -> T | None:
+        """``fn()``, or None when NVML cannot answer it (an old driver, a binding without it)."""
+        try:
+            return self._guard(name, fn)
+        except NvmlError:
+            return None
+
+    def architecture(self, handle: Any) -> str | None:
+        code = self._optional("nvmlDeviceGetArchitecture", lambda: int(self.call("nvmlDeviceGetArchitecture", handle)))
+        return None if code is None else ARCHITECTURES.get(code, f"arch-{code}")
+
+    def compute_capability(self, handle: Any) -> tuple[int, int] | None:
+        def read() -> tuple[int, int]:
+            major, minor = self.call("nvmlDeviceGetCudaComputeCapability", handle)
+            return int(major), int(minor)
+
+        return self._optional("nvmlDeviceGetCudaComputeCapability", read)
+
     def gpu_info(self, index: int) -> tuple[Any, GpuInfo]:
         """The handle and the facts of GPU ``index``."""
         h = self.handle(index)
@@ -210,6 +246,9 @@ class Nvml:
             memory=self.memory(h),
             pci_bus_id=self.pci_bus_id(h),
             mig_enabled=self.mig_enabled(h),
+            architecture=self.architecture(h),
+            compute_capability=self.compute_capability(h),
+            driver_version=self._optional("nvmlSystemGetDriverVersion", self.driver_version),
         )
         return h, info
 

@@ -25,7 +25,7 @@ from fnmatch import fnmatchcase
 
 from attrs import field, frozen
 
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.model import AttributeValue, ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
 from cdiplug.resource import ResourceConfig
 
 from .options import PciOptions, Selector, parse_hex
@@ -52,6 +52,10 @@ class Selection:
     skipped: tuple[tuple[str, str], ...] = ()
     # IOMMU group -> every endpoint function that preparing the group binds (advertised or not).
     group_members: Mapping[str, tuple[str, ...]] = field(factory=dict)
+
+
+# The attribute Kubernetes standardised for "devices on the same PCIe root" (KEP-5491).
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
 
 def ids_env(resource: str) -> str:
@@ -230,12 +234,18 @@ def to_snapshot(
             if iommufd and fn.vfio_dev:
                 nodes.append(DeviceNode(path=f"/dev/vfio/devices/{fn.vfio_dev}"))
         edits = ContainerEdits(device_nodes=nodes) if nodes else ContainerEdits(env={device_env(fn.address): fn.address})
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             "vendor": f"0x{fn.vendor:04x}",
             "device": f"0x{fn.device:04x}",
             "class": f"0x{fn.class_code:06x}",
             "driver": fn.driver or "",
+            "address": fn.address,
         }
+        # Typed, for DRA claims to select on (CEL): the NUMA node and the PCIe root complex.
+        if fn.numa_node is not None:
+            attributes["numa_node"] = fn.numa_node
+        if fn.pcie_root is not None:
+            attributes[PCIE_ROOT_ATTRIBUTE] = fn.pcie_root
         if fn.subsystem_vendor is not None:
             attributes["subsystem"] = f"0x{fn.subsystem_vendor:04x}:0x{(fn.subsystem_device or 0):04x}"
         if group is not None:

@@ -75,6 +75,7 @@ class PciFunction:
     virtfns: tuple[str, ...] = field(default=(), converter=tuple)
     netdevs: tuple[str, ...] = field(default=(), converter=tuple)
     vfio_dev: str | None = None
+    pcie_root: str | None = None  # the root complex the function hangs off (``pci0000:00``), for DRA
 
     @property
     def is_bridge(self) -> bool:
@@ -123,6 +124,15 @@ def _hex(text: str | None) -> int | None:
         return int(text, 16)
     except ValueError:
         return None
+
+
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+
+
+def pcie_root(function_dir: str) -> str | None:
+    """The PCIe root complex of a function (``pci0000:00``) from its real sysfs path, or None."""
+    real = os.path.realpath(function_dir)
+    return next((part for part in real.split(os.sep) if _PCIE_ROOT.fullmatch(part)), None)
 
 
 def _link_name(path: str) -> str | None:
@@ -220,6 +230,7 @@ class PciSysfs:
             virtfns=tuple(name for _, name in vf_links if name),
             netdevs=netdevs,
             vfio_dev=vfio_dev,
+            pcie_root=pcie_root(base),
         )
 
     def read_driver_override(self, address: str) -> str | None:

@@ -291,6 +291,12 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo:
         return pci_info(self._gpu("nvmlDeviceGetPciInfo", handle).pci_bus_id)
 
+    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetArchitecture", handle).architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        return self._gpu("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
+
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         gpu = self._gpu("nvmlDeviceGetMigMode", handle)
         if gpu.mig_mode is None:

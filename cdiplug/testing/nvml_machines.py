@@ -47,6 +47,8 @@ class FakeGpu:
     down_links: frozenset[int] = field(default=frozenset(), converter=frozenset)
     mig_mode: int | None = NVML_DEVICE_MIG_DISABLE
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeSingleBitEccError
+    architecture: int = 9  # NVML_DEVICE_ARCH_HOPPER
+    compute_capability: tuple[int, int] = (9, 0)
 
 
 @frozen
@@ -133,6 +135,8 @@ def pcie_box(name: str = "NVIDIA A10") -> Machine:
             minor=i,
             numa_node=i // 2,
             mig_mode=None,
+            architecture=7,  # Ampere
+            compute_capability=(8, 6),
         )
         for i, b in enumerate(buses)
     ]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from cdiplug.model import DeviceNode, Health, Mount
+from cdiplug.model import DeviceNode, Health, Mount, Version
 from cdiplug.testing import FakeNvml, SysfsTree
 from cdiplug.testing.nvml import FakeGpu
 from cdiplug.world import World
@@ -58,7 +58,16 @@ async def test_every_gpu_with_its_facts(world: World, nv, sink) -> None:
         "memory": "80GiB",
         "pci_address": "0000:ab:00.0",
         "mig_mode": "disabled",
+        # typed, for DRA
+        "productName": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-5a1c0000-0000-4000-8000-000000000005",
+        "gpuIndex": 5,
+        "architecture": "Hopper",
+        "cudaComputeCapability": Version("9.0.0"),
+        "driverVersion": Version("550.54.15"),
+        "numaNode": 1,
     }
+    assert dict(dev.capacity) == {"memory": str(80 * 1024**3)}
     assert snap.ids_env == IDS_ENV == "NVIDIA_VISIBLE_DEVICES"
     assert [n.path for n in snap.common_edits.device_nodes] == [
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",

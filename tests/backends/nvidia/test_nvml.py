@@ -59,6 +59,9 @@ def test_gpu_info_from_the_fake() -> None:
         memory=24 * 1024**3,
         pci_bus_id="0000:86:00.0",
         mig_enabled=None,  # NOT_SUPPORTED on the fake A10, as on real pre-Ampere parts
+        architecture="Ampere",
+        compute_capability=(8, 6),
+        driver_version="550.54.15",
     )
     assert nvml.device_count() == 4
 

@@ -226,3 +226,12 @@ def test_option_errors_name_the_field(options: dict, message: str, where: str) -
     assert message in err.value.message
     assert err.value.path == f"$.resources[0].{where}"
     assert err.value.source == "test.yaml"
+
+
+def test_typed_attributes_for_dra(mixed: SysfsTree) -> None:
+    snaps, _ = select(mixed, ("example.com/nvme", {"selectors": [{"class": "0x010802"}]}))
+    (device,) = snaps["example.com/nvme"].devices
+    assert device.attribute("vendor") == "0x144d" and device.attribute("driver") == "nvme"
+    assert device.attribute("address") == "0000:5e:00.0"
+    assert device.attribute("numa_node") == 0  # an int: CEL compares it as a number
+    assert device.attribute("resource.kubernetes.io/pcieRoot") == "pci0000:5e"
