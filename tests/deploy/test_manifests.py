@@ -29,9 +29,12 @@ from cdiplug.config import Config, parse_config
 from cdiplug.world import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_STATE_DIR
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-KUSTOMIZATIONS = ["base", "overlays/fake", "overlays/hardware", "examples"]
-DAEMON_KUSTOMIZATIONS = ["base", "overlays/fake", "overlays/hardware"]
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+KUSTOMIZATIONS = ["base", "overlays/fake", "overlays/hardware", "overlays/dra", "examples", "examples/dra"]
+DAEMON_KUSTOMIZATIONS = ["base", "overlays/fake", "overlays/hardware", "overlays/dra"]
+CLUSTER_SCOPED = {
+    "Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+    "DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+}  # fmt: skip
 # patchMergeKey of the lists the patches touch (k8s.io/api/core/v1/types.go); other lists replace.
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name", "volumeMounts": "mountPath"}
 KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources", "configMapGenerator", "patches"}
@@ -201,7 +204,7 @@ def test_kustomization_renders_to_valid_objects(name: str) -> None:
     assert objects
     for obj in objects:
         assert_round_trips(obj, name)
-        if obj["kind"] not in CLUSTER_SCOPED and name != "examples":
+        if obj["kind"] not in CLUSTER_SCOPED and not name.startswith("examples"):
             assert obj["metadata"]["namespace"] == "cdiplug-system"
 
 
@@ -307,9 +310,11 @@ def test_scheduling_and_resources(name: str) -> None:
 def test_overlays_stay_consistent_with_the_base() -> None:
     base = daemon("base")
     base_ids = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in base.objects}
-    for name in ("overlays/fake", "overlays/hardware"):
+    for name in ("overlays/fake", "overlays/hardware", "overlays/dra"):
         overlay = daemon(name)
-        assert {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in overlay.objects} == base_ids
+        ids = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in overlay.objects}
+        # The DRA overlay adds its RBAC and DeviceClass; the others add nothing.
+        assert ids >= base_ids if name == "overlays/dra" else ids == base_ids
         for key in ("selector", "updateStrategy"):
             assert overlay.daemonset["spec"][key] == base.daemonset["spec"][key], f"{name}: {key}"
         assert overlay.daemonset["spec"]["template"]["metadata"] == base.daemonset["spec"]["template"]["metadata"]
