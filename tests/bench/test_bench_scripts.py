@@ -60,3 +60,10 @@ def test_bench_pci_scan_reports_the_scan_time() -> None:
     assert figures["advertised"] > 0
     assert 0 < figures["scan_s"] <= figures["scan_s_max"]
     assert isinstance(figures["missed"], list)
+
+
+def test_bench_dra_reports_every_figure() -> None:
+    figures = run_bench("bench_dra.py", "--claims", "5", "--devices", "300")
+    for key in ("prepare_ms_p50", "prepare_ms_p99", "unprepare_ms_p50", "unprepare_ms_p99", "slice_publish_s", "slice_republish_s"):
+        assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
+    assert (figures["slices"], figures["devices_published"]) == (3, 300)  # 128 + 128 + 44, every device published

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Benchmark of the DRA front end: prints one JSON object of figures (see bench/README.md).
+
+Against the stand-ins of ``cdiplug.testing`` (real gRPC over unix sockets, real HTTP on 127.0.0.1):
+
+- ``prepare_ms_p50/p99``, ``unprepare_ms_p50/p99``: the daemon (in this process) serving a fake
+  resource as a DRA driver; ``--claims`` (50) ResourceClaims of one device each, prepared one
+  after the other over ``v1.DRAPlugin`` (API read, preparation, CDI spec, checkpoint), then
+  unprepared (spec removed, release, checkpoint);
+- ``slice_build_ms``: building the slice bodies of ``--devices`` (4096) devices (pure);
+- ``slice_publish_s``: the publisher's first publish of those devices to the API stand-in
+  (``--devices`` / 128 slices created) until the last write is answered;
+- ``slice_republish_s``: one device turning unhealthy -> the whole pool published again (a new
+  generation; with a taint the slices hold 64 devices each).
+
+The caller (kubelet stand-in) and the API stand-in are Python in the same process and event loop
+as the daemon: the figures are upper bounds of what the daemon itself costs.
+Run: ``python bench/bench_dra.py [--claims 50] [--devices 4096]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from cdiplug.config import parse_config
+from cdiplug.dra.kubeclient import LightkubeClient, load_config
+from cdiplug.dra.publisher import SlicePublisher
+from cdiplug.dra.slices import UnhealthyPolicy, pool_devices, slice_body, split
+from cdiplug.model import Device, DeviceSnapshot, Health
+from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
+from cdiplug.testing.daemon import running_daemon
+from cdiplug.testing.dra_kubelet import ClaimRef
+from cdiplug.world import World
+
+NODE = "bench-node"
+DRIVER = "fpga.example.com"
+TIMEOUT = 60.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def claim(i: int) -> dict[str, Any]:
+    uid = f"00000000-0000-4000-8000-{i:012d}"
+    return {
+        "metadata": {"name": f"bench-{i}", "namespace": "default", "uid": uid},
+        "status": {
+            "allocation": {"devices": {"results": [{"request": "fpga", "driver": DRIVER, "pool": NODE, "device": f"fpga-{i}"}]}}
+        },
+    }
+
+
+async def prepare_figures(folder: Path, claims: int) -> dict[str, float]:
+    config = parse_config(
+        {"resources": [{"name": "example.com/fpga", "backend": "fake", "api": "dra", "options": {"count": claims}}]},
+        source="bench_dra",
+    )
+    async with ApiServerStandIn() as api:
+        api.put_node(NODE)
+        world = World(
+            kubelet_dir=folder / "kubelet",
+            cdi_dir=folder / "cdi",
+            state_dir=folder / "state",
+            sysfs_root=folder / "sys",
+            dev_root=folder,
+            pod_resources_socket=folder / "pr.sock",
+            plugins_registry_dir=folder / "reg",
+            plugins_dir=folder / "plugins",
+            node_name=NODE,
+            kubeconfig=api.kubeconfig(folder / "kubeconfig"),
+        )
+        refs = []
+        for i in range(claims):
+            obj = api.put_claim(claim(i))
+            refs.append(ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]))
+        async with DraKubeletStandIn(world.plugins_registry_dir) as kubelet, running_daemon(config, world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), TIMEOUT)
+            await asyncio.wait_for(api.wait_for(lambda: bool(api.slices(spec__driver=DRIVER))), TIMEOUT)
+            prepare, unprepare = [], []
+            for ref in refs:
+                started = time.perf_counter()
+                answer = await conn.prepare([ref])
+                prepare.append((time.perf_counter() - started) * 1000)
+                if answer[ref.uid].error:
+                    raise SystemExit(f"prepare failed: {answer[ref.uid].error}")
+            for ref in refs:
+                started = time.perf_counter()
+                errors = await conn.unprepare([ref])
+                unprepare.append((time.perf_counter() - started) * 1000)
+                if errors[ref.uid]:
+                    raise SystemExit(f"unprepare failed: {errors[ref.uid]}")
+    return {
+        "claims": claims,
+        "prepare_ms_p50": round(statistics.median(prepare), 2),
+        "prepare_ms_p99": round(percentile(prepare, 0.99), 2),
+        "unprepare_ms_p50": round(statistics.median(unprepare), 2),
+        "unprepare_ms_p99": round(percentile(unprepare, 0.99), 2),
+    }
+
+
+async def slice_figures(folder: Path, devices: int) -> dict[str, float]:
+    snapshot = DeviceSnapshot(
+        "example.com/many",
+        [Device(f"many-{i}", numa_nodes=(i % 2,), attributes={"model": "fake", "index": i}) for i in range(devices)],
+    )
+    started = time.perf_counter()
+    specs = split(pool_devices(snapshot, UnhealthyPolicy.TAINT))
+    bodies = [slice_body(s, driver=DRIVER, node=NODE, generation=1, count=len(specs), owner=None) for s in specs]
+    build_ms = (time.perf_counter() - started) * 1000
+    async with ApiServerStandIn() as api:
+        api.put_node(NODE)
+        client = LightkubeClient(load_config(api.kubeconfig(folder / "kubeconfig-slices")))
+        publisher = SlicePublisher(client, DRIVER, NODE)
+        task = asyncio.create_task(publisher.run(), name="bench publisher")
+        try:
+            started = time.perf_counter()
+            publisher.want(snapshot)
+            await asyncio.wait_for(publisher.wait_published(1), TIMEOUT)
+            publish_s = time.perf_counter() - started
+            first = devices // 2
+            changed = snapshot.with_devices(
+                attrs.evolve(d, health=Health.UNHEALTHY) if d.id == f"many-{first}" else d for d in snapshot.devices
+            )
+            started = time.perf_counter()
+            publisher.want(changed)
+            await asyncio.wait_for(publisher.wait_published(2), TIMEOUT)
+            republish_s = time.perf_counter() - started
+            published = sum(len(s["spec"]["devices"]) for s in api.slices(spec__driver=DRIVER))
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+    return {
+        "devices": devices,
+        "slices": len(bodies),
+        "slice_build_ms": round(build_ms, 1),
+        "slice_publish_s": round(publish_s, 3),
+        "slice_republish_s": round(republish_s, 3),
+        "devices_published": published,
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="cdp-bench-"))
+    try:
+        for name in ("kubelet", "cdi", "state", "sys"):
+            (folder / name).mkdir()
+        figures: dict[str, Any] = {}
+        figures.update(await prepare_figures(folder, args.claims))
+        figures.update(await slice_figures(folder, args.devices))
+        return figures
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claims", type=int, default=50, help="claims prepared and unprepared (default 50)")
+    parser.add_argument("--devices", type=int, default=4096, help="devices published in slices (default 4096)")
+    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))
