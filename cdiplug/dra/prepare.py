@@ -177,8 +177,12 @@ class ClaimPreparer:
             log.warning("claim %s: resource %s is no longer served; its devices are not released", done.uid, done.resource)
             return
         snapshot = self.host.latest(done.resource)
+        # A device another prepared claim still holds (admin access, a shared device) stays prepared.
+        held = {d.device_id for c in self.store.all() if c.uid != done.uid and c.resource == done.resource for d in c.devices}
         devices = []
         for d in done.devices:
+            if d.device_id in held:
+                continue
             current = snapshot.get(d.device_id) if snapshot is not None else None
             devices.append(current if current is not None else Device(id=d.device_id, prepare_group=d.prepare_group))
         await preparations.release(done.resource, devices)

@@ -58,9 +58,11 @@ class SlicePublisher:
         self.backoff = backoff
         self.generation = 0
         self.publishes = 0  # pool writes done (tests and figures wait on it)
+        self.failures = 0  # failed calls that will be retried
         self._want: DeviceSnapshot | None = None
         self._wanted = False
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set while nothing is left to publish
         self._known: dict[str, dict[str, Any]] = {}  # our slices as last seen or written, by name
         self._written_versions: set[str] = set()
         self._last_pool: list[dict[str, Any]] | None = None
@@ -76,12 +78,27 @@ class SlicePublisher:
         """Publish ``snapshot``'s devices (soon; the latest one wins)."""
         self._want = snapshot
         self._wanted = True
+        self._idle.clear()
         self._wake.set()
 
     async def wait_published(self, count: int) -> None:
         """Return once at least ``count`` pool writes are done (tests)."""
         async with self._changed:
             await self._changed.wait_for(lambda: self.publishes >= count)
+
+    async def wait_idle(self) -> None:
+        """Return once the latest snapshot is published, or found to need no write (tests)."""
+        await self._idle.wait()
+
+    async def wait_failed(self, count: int) -> None:
+        """Return once at least ``count`` calls failed (tests)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.failures >= count)
+
+    async def _failed(self) -> None:
+        async with self._changed:
+            self.failures += 1
+            self._changed.notify_all()
 
     async def withdraw(self) -> None:
         """Delete every slice of this driver on this node (the resource left the configuration)."""
@@ -107,6 +124,7 @@ class SlicePublisher:
                 return
             except KubernetesError as exc:
                 log.error("DRA driver %s: %s; trying again in %g s", self.driver, exc, delay)
+                await self._failed()
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff[1])
 
@@ -147,9 +165,12 @@ class SlicePublisher:
                     await self._relist()
                 await self._publish()
                 delay = self.backoff[0]
+                if not self._wake.is_set():
+                    self._idle.set()
             except KubernetesError as exc:
                 log.error("DRA driver %s: publishing ResourceSlices failed: %s; trying again in %g s", self.driver, exc, delay)
                 self._external = True  # list again first: our picture of the server may be wrong
+                await self._failed()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
                 self._wake.set()

@@ -129,6 +129,10 @@ class ApiServerStandIn:
     def put_node(self, name: str) -> dict[str, Any]:
         return self._store((NODES, "", name), {"metadata": {"name": name}}, create_only=False)
 
+    def put_slice(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Store a ResourceSlice as someone else (another driver, an earlier run) would have."""
+        return self._store((SLICES, "", obj["metadata"]["name"]), dict(obj), create_only=False)
+
     def put_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]:
         meta = claim["metadata"]
         return self._store((CLAIMS, meta["namespace"], meta["name"]), dict(claim), create_only=False)

@@ -240,7 +240,7 @@ async def test_slices_changed_behind_our_back_come_back(config: Config, dra_worl
         "spec": {"driver": DRIVER, "nodeName": "node-b", "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1}},
     }
     for obj in (stale, foreign):
-        api._store(("resourceslices", "", obj["metadata"]["name"]), obj, create_only=True)
+        api.put_slice(obj)
     async with running_daemon(config, dra_world):
         slices = await slices_settle(api, lambda s: {x["metadata"]["name"] for x in s} == {f"{NODE}-{DRIVER}-0", "someone-else"})
         ours = next(s for s in slices if s["spec"]["nodeName"] == NODE)

@@ -67,7 +67,7 @@ def pool(api: ApiServerStandIn) -> list[tuple[str, int, int, int]]:
 
 async def test_many_devices_spread_shrink_and_stay(api: ApiServerStandIn, publisher: SlicePublisher) -> None:
     foreign = {"metadata": {"name": "x"}, "spec": {"driver": "other.example.com", "nodeName": "n1", "pool": {"name": "n1"}}}
-    api._store(("resourceslices", "", "x"), foreign, create_only=True)
+    api.put_slice(foreign)
     publisher.want(snapshot(300))
     await asyncio.wait_for(publisher.wait_published(1), 10)
     assert pool(api) == [(f"n1-{DRIVER}-0", 128, 1, 3), (f"n1-{DRIVER}-1", 128, 1, 3), (f"n1-{DRIVER}-2", 44, 1, 3)]
@@ -76,9 +76,8 @@ async def test_many_devices_spread_shrink_and_stay(api: ApiServerStandIn, publis
     assert pool(api) == [(f"n1-{DRIVER}-0", 100, 2, 1)]
     writes = len(api.requests)
     publisher.want(snapshot(100))  # the same devices: nothing to write
-    publisher.want(snapshot(100))
-    await asyncio.sleep(0)
-    assert publisher.publishes == 2
+    await asyncio.wait_for(publisher.wait_idle(), 10)
+    assert publisher.publishes == 2 and len(api.requests) == writes
     await publisher.withdraw()
     assert pool(api) == [] and len(api.slices()) == 1  # the other driver's slice is still there
     assert all(method in ("GET", "DELETE") for method, _ in api.requests[writes:])
@@ -87,7 +86,7 @@ async def test_many_devices_spread_shrink_and_stay(api: ApiServerStandIn, publis
 async def test_a_server_down_at_first_is_retried(api: ApiServerStandIn, publisher: SlicePublisher) -> None:
     await api.stop()
     publisher.want(snapshot(2))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(publisher.wait_failed(1), 10)
     await api.start()  # the same port
     await asyncio.wait_for(publisher.wait_published(1), 10)
     assert pool(api) == [(f"n1-{DRIVER}-0", 2, 1, 1)]
