@@ -12,7 +12,9 @@
 #   up with an address; a real Allocate (daemon + kubelet stand-in, or prepare() directly when
 #   the stand-in is not installed) binds edu to vfio-pci with /dev/vfio/<group>; a daemon killed
 #   (SIGKILL) in the middle of binding the NIC, right after the unbind step, finishes the bind
-#   at its next start from the journal; `cdiplug vfio unbind` returns both to their original
+#   at its next start from the journal; edu served as a DRA driver (api: dra, with the DRA
+#   kubelet and API-server stand-ins): a claim's prepare binds it to vfio-pci and its unprepare
+#   (release: restore) gives it back; `cdiplug vfio unbind` returns both to their original
 #   drivers (e1000e with its interface back; edu to none).
 # Exit status 0 when every check passed. Needs qemu-system-x86_64, busybox (static) and
 # apt-get + dpkg-deb (or CDIPLUG_VM_KERNEL_DEB=/path/to/linux-image-...deb); kernel, modules and
@@ -268,6 +270,10 @@ guest_main() {
   echo "guest: starting the daemon scenario after $((SECONDS - t0)) s"
   python3 -c "$GUEST_DAEMON_SCENARIO" "$NIC" "$NIC_GROUP" "$EDU" "$EDU_GROUP" || G_FAILS=$((G_FAILS + 1))
 
+  # 3b. the same PCI backend as a DRA driver: a claim binds edu, unprepare gives it back
+  echo "guest: starting the DRA scenario after $((SECONDS - t0)) s"
+  python3 -c "$GUEST_DRA_SCENARIO" "$EDU" "$EDU_GROUP" || G_FAILS=$((G_FAILS + 1))
+
   # 4. back to the original drivers
   echo "guest: unbinding after $((SECONDS - t0)) s"
   check "cdiplug vfio unbind $NIC" cdiplug vfio unbind "$NIC"
@@ -416,6 +422,70 @@ async def main():
                     p.wait()
 
 asyncio.run(main())
+sys.exit(1 if fails else 0)
+'
+
+GUEST_DRA_SCENARIO='
+import asyncio, json, os, signal, subprocess, sys
+from pathlib import Path
+from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
+from cdiplug.testing.dra_kubelet import ClaimRef
+
+edu, edu_group = sys.argv[1:]
+DRIVER = "edu.example.com"
+UID = "0e0e0e0e-0000-4000-8000-000000000001"
+fails = 0
+def ok(cond, what):
+    global fails
+    print(("PASS: " if cond else "FAIL: ") + what, flush=True)
+    fails += not cond
+
+def driver(addr):
+    link = Path(f"/sys/bus/pci/devices/{addr}/driver")
+    return link.resolve().name if link.is_symlink() else None
+
+EDU_SELECTOR = {"vendor": "0x1234", "device": "0x11e8"}
+CONFIG = {"resources": [{"name": "example.com/edu", "backend": "pci", "api": "dra",
+                         "options": {"selectors": [EDU_SELECTOR], "vfio": True, "release": "restore"}}]}
+Path("/tmp/cdiplug-dra.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
+
+async def main():
+    async with ApiServerStandIn() as api, DraKubeletStandIn(Path("/tmp/reg"), timeout=90) as kubelet:
+        api.put_node("vm")
+        env = {**os.environ, "CDIPLUG_CONFIG": "/tmp/cdiplug-dra.yaml", "CDIPLUG_PLUGINS_REGISTRY_DIR": "/tmp/reg",
+               "CDIPLUG_PLUGINS_DIR": "/tmp/plugins", "CDIPLUG_NODE_NAME": "vm",
+               "CDIPLUG_KUBECONFIG": str(api.kubeconfig(Path("/tmp/kubeconfig"))), "CDIPLUG_KUBELET_DIR": "/tmp/kubelet-dra"}
+        proc = subprocess.Popen(["cdiplug", "serve"], env=env)
+        try:
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 90)
+            ok(True, "DRA: the PCI backend registered as DRA driver edu.example.com")
+            await asyncio.wait_for(api.wait_for(lambda: bool(api.slices(spec__driver=DRIVER))), 60)
+            (device,) = api.slices(spec__driver=DRIVER)[0]["spec"]["devices"]
+            attrs, name = device["attributes"], device["name"]
+            root = attrs.get("resource.kubernetes.io/pcieRoot")
+            ok(attrs["id"] == {"string": edu} and root is not None, f"DRA: edu published as {name} with id and pcieRoot {root}")
+            results = [{"request": "edu", "driver": DRIVER, "pool": "vm", "device": device["name"]}]
+            api.put_claim({"metadata": {"name": "vm-edu", "namespace": "default", "uid": UID},
+                           "status": {"allocation": {"devices": {"results": results}}}})
+            ref = ClaimRef("default", "vm-edu", UID)
+            answer = (await conn.prepare([ref]))[UID]
+            ok(not answer.error and driver(edu) == "vfio-pci", f"DRA: prepare bound edu to {driver(edu)} {answer.error}")
+            spec = json.loads(Path(f"/tmp/cdi/cdiplug-claim-{UID}.json").read_text())
+            nodes = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+            ok(f"/dev/vfio/{edu_group}" in nodes, f"DRA: the claim spec gives /dev/vfio/{edu_group} ({nodes})")
+            ok(f"PCI_RESOURCE_EXAMPLE_COM_EDU={edu}" in spec["containerEdits"]["env"], "DRA: the claim spec gives PCI_RESOURCE_EXAMPLE_COM_EDU")
+            errors = await conn.unprepare([ref])
+            ok(errors == {UID: ""} and driver(edu) is None,
+               f"DRA: unprepare with release: restore gave edu back to no driver ({driver(edu)}) {errors}")
+            ok(not Path(f"/tmp/cdi/cdiplug-claim-{UID}.json").exists(), "DRA: unprepare removed the claim spec")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            ok(proc.wait(timeout=60) == 0, "DRA: the daemon stops cleanly on SIGTERM")
+
+try:
+    asyncio.run(main())
+except Exception as exc:
+    ok(False, f"DRA scenario: {type(exc).__name__}: {exc}")
 sys.exit(1 if fails else 0)
 '
 

@@ -2,7 +2,8 @@
 emulated Intel IOMMU, an edu and an e1000e device) and runs cdiplug in the guest against real
 sysfs and /dev/vfio: discover, a refused bind of an interface in use, Allocates through the daemon
 and the kubelet stand-in, SIGKILL in the middle of a bind and recovery at the next start, and
-``release: restore`` through a PodResources stand-in, ``cdiplug vfio unbind`` back to the original
+``release: restore`` through a PodResources stand-in, edu as a DRA driver (a claim's prepare binds
+it, its unprepare gives it back), ``cdiplug vfio unbind`` back to the original
 drivers, and hack/vfio-bind-test.sh. The script prints PASS/FAIL lines; this test
 fails on any FAIL, on a missing PASS line, or when qemu, busybox or the kernel is missing (the
 kernel package is fetched with ``apt-get download`` into .vm/ when not cached there).
@@ -40,6 +41,11 @@ EXPECTED = [
     "at start the daemon finished the bind",
     "Allocate of the NIC after recovery: Running",
     "release: restore gave edu back to no driver once no pod held it",
+    "DRA: the PCI backend registered as DRA driver",
+    "DRA: edu published as",
+    "DRA: prepare bound edu to vfio-pci",
+    "DRA: the claim spec gives /dev/vfio/",
+    "DRA: unprepare with release: restore gave edu back to no driver",
     "is back on e1000e",
     "has its network interface again",
     "is back on no driver",

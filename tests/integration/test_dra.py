@@ -8,7 +8,8 @@ ID env, answered with its CDI IDs; a repeated prepare answers the same; unprepar
 spec; a restarted daemon answers a repeated prepare from its checkpoint and unprepares what the
 earlier one prepared; an unhealthy device is tainted (or withdrawn where the server drops
 taints); slices deleted behind the driver's back come back; one process serves a resource as DRA
-and another as a device plugin.
+and another as a device plugin; a reload moves a resource from one API to the other and back
+(sockets, slices and readiness follow; no DRA front end exists before the first DRA resource).
 """
 
 from __future__ import annotations
@@ -267,3 +268,34 @@ async def test_one_process_serves_dra_and_device_plugin(config: Config, dra_worl
         assert dp_kubelet.resources == (DONGLE,)  # the DRA resource is never a device plugin too
         assert not (dra_world.kubelet_dir / "example.com-fpga.sock").exists()
         assert not any(s["spec"]["driver"] == "dongle.example.com" for s in api.slices())
+
+
+async def test_reload_moves_a_resource_between_the_apis(dra_world: World, api: ApiServerStandIn) -> None:
+    from cdiplug.metrics import Metrics
+    from cdiplug.node import Node
+    from cdiplug.supervisor import Supervisor
+
+    def config(fpga_api: str) -> Config:
+        fpga = {"name": FPGA, "backend": "fake", "api": fpga_api, "options": {"count": 2}}
+        return parse_config({"resources": [fpga, {"name": DONGLE, "backend": "fake"}]}, source="reload")
+
+    metrics = Metrics()
+    supervisor = Supervisor()
+    node = Node(config("device-plugin"), dra_world, supervisor, recorder=metrics)
+    async with KubeletStandIn(dra_world.kubelet_dir) as dp_kubelet, DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet:
+        try:
+            await node.start()
+            await dp_kubelet.wait_registered(FPGA, timeout=10)
+            assert node.dra is None  # no DRA resource: the DRA front end (and lightkube) never made
+            await node.reload(config("dra"))
+            await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            assert not (dra_world.kubelet_dir / "example.com-fpga.sock").exists()
+            await slices_settle(api, lambda s: len(s) == 1 and len(s[0]["spec"]["devices"]) == 2)
+            assert metrics.ready()  # /readyz: the DRA driver registered, the dongle too
+            await node.reload(config("device-plugin"))
+            await slices_settle(api, lambda s: s == [])  # withdrawn: the resource left DRA
+            assert not (dra_world.plugins_registry_dir / f"{DRIVER}-reg.sock").exists()
+            await dp_kubelet.wait_registered(FPGA, timeout=10)
+        finally:
+            await supervisor.close()
+            await node.stop()
