@@ -68,7 +68,7 @@ def load_stubs() -> tuple[types.ModuleType, types.ModuleType]:
 pb, pb_grpc = load_stubs()
 
 
-class FloorPlugin(pb_grpc.DevicePluginServicer):
+class FloorPlugin(pb_grpc.DevicePluginServicer):  # type: ignore[name-defined,misc]
     def __init__(self, ids: list[str], numa_nodes: int) -> None:
         devices = []
         for j, device_id in enumerate(ids):
