@@ -114,6 +114,27 @@ def floor_argv(kubelet_dir: Path, count: int, devices: int, numa_nodes: int) -> 
     ]
 
 
+# Where the plugins' bytecode goes (None: as the environment says). A deployed image has its .pyc
+# files; an environment with PYTHONDONTWRITEBYTECODE=1 would make every start compile cdiplug
+# from source, a cost the floor (one small file) hardly pays. See use_bytecode_cache.
+_PYCACHE: Path | None = None
+
+
+def use_bytecode_cache(folder: Path | None) -> None:
+    """Let the plugin processes write and read bytecode under ``folder`` (PYTHONPYCACHEPREFIX),
+    whatever PYTHONDONTWRITEBYTECODE says; None: leave the environment as it is."""
+    global _PYCACHE
+    _PYCACHE = folder
+
+
+def plugin_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if _PYCACHE is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(_PYCACHE)
+    return env
+
+
 class Plugin:
     """A plugin process under measurement, with its stand-in and its start-up times."""
 
@@ -140,7 +161,7 @@ async def running(name: str, argv: list[str], kubelet_dir: Path, names: Sequence
     """Serve a fresh stand-in on ``kubelet_dir``, exec ``argv`` and wait until every resource of
     ``names`` is registered and listed; stop the process with SIGTERM on the way out."""
     async with KubeletStandIn(kubelet_dir, call_timeout=60) as kubelet:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = plugin_env()
         with log.open("wb") as out:
             exec_at = time.monotonic()
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -238,13 +259,33 @@ async def preferred_latency(
     return times
 
 
-async def health_latency(kubelet: KubeletStandIn, folder: Path, resource: str, devices: int, rounds: int) -> list[float]:
+async def settle(pid: int, quiet_s: float = 0.05, limit_s: float = 10.0) -> None:
+    """Wait until the process used no CPU for ``quiet_s`` (it finished what the last change started)."""
+    deadline = time.monotonic() + limit_s
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet_s)
+        now = cpu_seconds(pid)
+        if now == before:
+            return
+        before = now
+
+
+async def health_latency(
+    kubelet: KubeletStandIn, folder: Path, resource: str, devices: int, rounds: int, settle_pid: int | None = None
+) -> list[float]:
     """Flip one device's health per round (even rounds: one device Unhealthy; odd: all Healthy),
     the health file replaced by rename; ms from the rename to the stand-in receiving the first
-    ListAndWatch list showing the change."""
+    ListAndWatch list showing the change.
+
+    With ``settle_pid``, each flip waits until that process is idle (an isolated change);
+    without, the next flip follows as soon as the last one arrived (a burst: what the plugin
+    still does after publishing, such as rewriting its CDI spec, delays the next)."""
     ids = device_ids(resource, devices)
     times = []
     for n in range(rounds):
+        if settle_pid is not None:
+            await settle(settle_pid)
         unhealthy = [ids[(n // 2 * 7919) % len(ids)]] if n % 2 == 0 else []
         want = f"{devices} devices, {devices - len(unhealthy)} healthy"
         written = write_health(folder, resource, unhealthy)
@@ -335,3 +376,24 @@ def table(figures: dict[str, Any], prefix: str = "") -> list[str]:
 
 def table_header() -> str:
     return f"{'figure':<44} {'cdiplug':>10} {'floor':>10} {'ratio':>7}  {'goal':<22} met"
+
+
+def stand_in_list_ms(devices: int, numa_nodes: int, runs: int = 7) -> float:
+    """What the stand-in itself spends on one ListAndWatch list of ``devices`` devices (parse the
+    message and keep it as the kubelet does), median ms: part of every health figure, a cost the
+    real kubelet (Go) has far less of."""
+    from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
+    from cdiplug.testing.kubelet_plugin import listed_devices
+
+    message = pb.ListAndWatchResponse()
+    for j in range(devices):
+        device = message.devices.add(ID=f"bench0-{j}", health="Healthy")
+        if numa_nodes:
+            device.topology.nodes.add(ID=j % numa_nodes)
+    data = message.SerializeToString()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        listed_devices(pb.ListAndWatchResponse.FromString(data))
+        times.append((time.perf_counter() - started) * 1000)
+    return percentile(times, 50)

@@ -67,13 +67,13 @@ WITH_FLOOR = ("start_registered_s", "start_listed_s", "rss_idle_mib", "rss_anon_
 def test_bench_daemon_reports_every_figure_beside_the_floor() -> None:
     result = run_bench(
         "bench_daemon.py", "--resources", "2", "--devices", "8", "--starts", "1", "--calls", "50", "--seconds", "0.5",
-        "--mem-allocates", "100", "--health-changes", "4", "--restarts", "1",
+        "--mem-allocates", "100", "--health-rounds", "2", "--health-changes", "4", "--restarts", "1",
     )
     figures = result["figures"]
     for name in (*WITH_FLOOR, "rss_file_idle_mib", "allocate_p99_ms", "allocate_per_s", "cpu_ms_per_allocate", "rss_after_load_mib"):
         check_figure(name, figures[name], floor=True)
     for name in ("rss_growth_after_allocates_mib", "rss_growth_after_health_changes_mib", "health_update_ms_p50",
-                 "health_update_ms_max", "reregister_s", "exit_status"):
+                 "health_update_ms_max", "health_burst_ms_p50", "health_burst_ms_max", "reregister_s", "exit_status"):
         check_figure(name, figures[name], floor=False)
     for name in ("start_registered_s", "rss_idle_mib", "allocate_p50_ms", "allocate_per_s", "health_update_ms_p50",
                  "rss_growth_after_allocates_mib", "rss_growth_after_health_changes_mib"):
@@ -82,6 +82,9 @@ def test_bench_daemon_reports_every_figure_beside_the_floor() -> None:
     assert figures["rss_growth_after_allocates_mib"]["allocates"] == 100
     assert is_number(figures["rss_growth_after_allocates_mib"]["floor_growth"])
     assert figures["rss_growth_after_health_changes_mib"]["health_changes"] == 4
+    assert figures["health_update_ms_p50"]["changes"] == 2 and figures["health_burst_ms_p50"]["changes"] == 4
+    assert is_number(figures["health_update_ms_p50"]["stand_in_ms"])
+    assert result["bytecode_cache"] is True
     assert figures["exit_status"]["cdiplug"] == 0 and figures["exit_status"]["floor_exit_status"] == 0
     assert len(figures["start_registered_s"]["each"]["floor"]) == 1
     check_missed(figures, result["missed"])
@@ -95,7 +98,7 @@ def test_bench_scale_reports_every_size() -> None:
     for size, figures in result["sizes"].items():
         for name in (*WITH_FLOOR, "rss_after_load_mib", "preferred_p50_ms", "preferred_must_include_p50_ms"):
             check_figure(f"{size}.{name}", figures[name], floor=True)
-        for name in ("health_update_ms_p50", "health_update_ms_max", "exit_status"):
+        for name in ("health_update_ms_p50", "health_update_ms_max", "health_burst_ms_p50", "health_burst_ms_max", "exit_status"):
             check_figure(f"{size}.{name}", figures[name], floor=False)
         assert figures["health_update_ms_p50"]["goal"] == "<= 10.0 ms"  # 128 devices or fewer
         assert figures["preferred_must_include_p50_ms"]["goal"] == "<= 10.0 ms"
