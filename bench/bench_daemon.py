@@ -41,7 +41,7 @@ GOAL_START_RATIO = 1.3
 GOAL_RSS_OVER_FLOOR_MIB = 5.0
 GOAL_ALLOCATE_P50_RATIO = 1.1
 GOAL_ALLOCATE_RATE_RATIO = 0.95
-GOAL_GROWTH_MIB = 1.0  # "no growth", with a tolerance for allocator noise
+GOAL_GROWTH_MIB = 1.0  # "no growth": what the floor grows by, and 1 MiB of allocator noise
 GOAL_HEALTH_MS_SMALL = 10.0  # at 128 devices a resource
 GOAL_HEALTH_MS = 50.0  # up to 4,096
 GOAL_REREGISTER_S = 0.5
@@ -125,6 +125,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 def report(args: argparse.Namespace, starts: dict[str, list[float]], listed: dict[str, list[float]], c: dict[str, Any], f: dict[str, Any]) -> dict[str, Any]:
     health_goal = GOAL_HEALTH_MS_SMALL if args.devices <= 128 else GOAL_HEALTH_MS if args.devices <= 4096 else None
     growth_alloc = c["after_allocates"]["rss"] - c["idle"]["rss"]
+    # grpc's and the allocator's buffers grow the floor too (about 1 MiB over 10,000 calls):
+    # what cdiplug adds beyond that is what it keeps.
+    floor_growth = max(0.0, f["after_allocates"]["rss"] - f["idle"]["rss"])
     growth_health = c["after_health"]["rss"] - c["before_burst"]["rss"]
     figures: dict[str, Any] = {
         "start_registered_s": h.ratio_at_most(
@@ -140,8 +143,8 @@ def report(args: argparse.Namespace, starts: dict[str, list[float]], listed: dic
         "allocate_per_s": h.ratio_at_least(c["allocate_per_s"], f["allocate_per_s"], GOAL_ALLOCATE_RATE_RATIO, digits=0),
         "cpu_ms_per_allocate": h.figure(c["cpu_ms_per_allocate"], f["cpu_ms_per_allocate"]),
         "rss_growth_after_allocates_mib": h.figure(
-            growth_alloc, goal=f"<= {GOAL_GROWTH_MIB} MiB", met=growth_alloc <= GOAL_GROWTH_MIB, digits=2,
-            allocates=args.mem_allocates, floor_growth=round(f["after_allocates"]["rss"] - f["idle"]["rss"], 2),
+            growth_alloc, goal=f"<= floor growth + {GOAL_GROWTH_MIB} MiB", met=growth_alloc <= floor_growth + GOAL_GROWTH_MIB,
+            digits=2, allocates=args.mem_allocates, floor_growth=round(floor_growth, 2),
         ),
         "rss_growth_after_health_changes_mib": h.figure(
             growth_health, goal=f"<= {GOAL_GROWTH_MIB} MiB", met=growth_health <= GOAL_GROWTH_MIB, digits=2,
