@@ -24,10 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from backends.pci import plugin
-from backends.pci.discovery import select_all, to_snapshot
-from backends.pci.journal import Journal
-from backends.pci.sysfs import PciSysfs
+try:  # installed as cdiplug_backends (the repository folder backends/); a checkout on PYTHONPATH has backends
+    from cdiplug_backends.pci import plugin
+    from cdiplug_backends.pci.discovery import select_all, to_snapshot
+    from cdiplug_backends.pci.journal import Journal
+    from cdiplug_backends.pci.sysfs import PciSysfs
+except ImportError:
+    from backends.pci import plugin  # type: ignore[no-redef]
+    from backends.pci.discovery import select_all, to_snapshot  # type: ignore[no-redef]
+    from backends.pci.journal import Journal  # type: ignore[no-redef]
+    from backends.pci.sysfs import PciSysfs  # type: ignore[no-redef]
 from cdiplug.config import parse_config
 from cdiplug.testing.sysfs import SysfsTree
 
