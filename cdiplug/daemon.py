@@ -87,7 +87,7 @@ class Daemon:
 
     async def run(self, handle_signals: bool = True) -> int:
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         if handle_signals:
             # Installed first: a SIGTERM while starting up still means a clean stop.
             for sig, handler in (
@@ -172,7 +172,7 @@ async def serve(
     world: World,
     metrics_address: str | None = None,
     *,
-    plugins: Mapping[str, BackendPlugin] | None = None,
+    plugins: Mapping[str, BackendPlugin[Any]] | None = None,
     stop: asyncio.Event | None = None,
     handle_signals: bool | None = None,
 ) -> int:

@@ -15,8 +15,7 @@ from attrs import field, frozen
 from .model import DEFAULT_ALLOCATE, AllocatePart
 from .names import resource_class, socket_name
 
-O = TypeVar("O")  # noqa: E741 - the options type of one backend
-O_co = TypeVar("O_co", covariant=True)
+O_co = TypeVar("O_co", covariant=True)  # the options type of one backend
 
 
 class Api(str, enum.Enum):
@@ -33,7 +32,7 @@ def default_dra_driver(resource: str) -> str:
 
 
 @frozen
-class ResourceConfig(Generic[O]):
+class ResourceConfig(Generic[O_co]):
     """One extended resource: its name, the backend serving it and that backend's typed options.
 
     ``cdi_kind`` and ``dra_driver`` are filled in by the loader (a backend may choose their
@@ -42,7 +41,7 @@ class ResourceConfig(Generic[O]):
 
     name: str
     backend: str
-    options: O = field(eq=True)
+    options: O_co = field(eq=True)
     cdi_kind: str = ""
     allocate: frozenset[AllocatePart] = DEFAULT_ALLOCATE
     replicas: int = 1

@@ -105,7 +105,8 @@ async def in_process_daemon(config: Config, world: World) -> AsyncIterator[None]
 
 async def demo(folder: Path, say: Callable[[str], Any]) -> None:
     """Run the experiment in ``folder``, reporting each step through ``say``; raises DemoFailed."""
-    from ..testing.kubelet import KubeletStandIn, PodPhase
+    from ..testing.kubelet import KubeletStandIn
+    from ..testing.kubelet_records import PodPhase
 
     health = folder / "health.yaml"
     config = demo_config(health)

@@ -26,7 +26,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ..backend import Abilities
 from ..cdi.annotations import annotations as cdi_annotations
@@ -56,7 +55,7 @@ class Allocator:
 
     def __init__(
         self,
-        resource: ResourceConfig[Any],
+        resource: ResourceConfig[object],
         abilities: Abilities,
         preparations: Preparations | None = None,
         spec: SpecKeeper | None = None,
