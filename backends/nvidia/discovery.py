@@ -88,7 +88,7 @@ def discover(nvml: Nvml, world: World) -> Inventory:
     return Inventory(gpus=tuple(gpus), skipped=tuple(skipped))
 
 
-def assign(gpus: Sequence[Gpu], resources: Sequence[ResourceConfig]) -> dict[str, tuple[Gpu, ...]]:
+def assign(gpus: Sequence[Gpu], resources: Sequence[ResourceConfig[NvidiaOptions]]) -> dict[str, tuple[Gpu, ...]]:
     """Which GPUs each resource gets: the first resource (in config order) that selects a GPU wins."""
     taken: dict[str, list[Gpu]] = {r.name: [] for r in resources}
     for gpu in gpus:

@@ -77,7 +77,7 @@ class PciBackend:
 
     def __init__(
         self,
-        resources: Sequence[ResourceConfig],
+        resources: Sequence[ResourceConfig[PciOptions]],
         world: World,
         *,
         writer: SysfsWriter | None = None,
@@ -188,11 +188,13 @@ class PciBackend:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                exc = task.exception()
-                if exc is not None:
-                    if isinstance(exc, BackendError):
-                        raise exc
-                    raise BackendError(f"PCI backend task {task.get_name()} failed: {type(exc).__name__}: {exc}") from exc
+                failure = task.exception()
+                if failure is not None:
+                    if isinstance(failure, BackendError):
+                        raise failure
+                    raise BackendError(
+                        f"PCI backend task {task.get_name()} failed: {type(failure).__name__}: {failure}"
+                    ) from failure
         finally:
             for task in tasks:
                 task.cancel()
@@ -280,8 +282,7 @@ class PciBackend:
         thread, under the group's lock). ``resource`` is what the journal entry names: its
         ``force``, denylist and checker apply; None or a resource no longer configured gets the
         strictest, the default checker without force. Raises :class:`FunctionInUse`."""
-        options = self.options.get(resource) if resource is not None else None
-        if options is None:
+        if resource is None or (options := self.options.get(resource)) is None:
             asyncio.run(self.default_safety.check_bind(functions))
         elif not options.force:
             denied = {fn.address: e for fn in functions if (e := denied_by(options, fn.address)) is not None}
