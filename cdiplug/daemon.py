@@ -138,8 +138,8 @@ class Daemon:
             if not failure.done():
                 failure.cancel()
             await asyncio.gather(stop, failure, return_exceptions=True)
-        if failure.done() and not failure.cancelled() and failure.exception() is not None:
-            raise failure.exception()  # type: ignore[misc]
+        if failure.done() and not failure.cancelled() and (exc := failure.exception()) is not None:
+            raise exc
 
     async def _reloader(self) -> None:
         while True:

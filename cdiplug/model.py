@@ -99,6 +99,7 @@ class Mount:
     host_path: str
     container_path: str
     read_only: bool = True
+    # converter=tuple[str, ...] is tuple() that mypy's attrs plugin can type (a bare tuple leaves the item type open)
     options: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     type: str | None = None
 

@@ -15,7 +15,8 @@ from attrs import field, frozen
 from .model import DEFAULT_ALLOCATE, AllocatePart
 from .names import resource_class, socket_name
 
-O_co = TypeVar("O_co", covariant=True)  # the options type of one backend
+O = TypeVar("O")  # noqa: E741 - the options type of one backend
+O_co = TypeVar("O_co", covariant=True)  # the same, where only read (ResourceConfig is frozen)
 
 
 class Api(str, enum.Enum):

@@ -207,7 +207,8 @@ class NvidiaBackend:
             self._reprobe_everything()
         elif verdict is Verdict.UNHEALTHY:
             log.error("XID %d on GPU %s: marking it Unhealthy", event.data, event.uuid, extra={"resource": owner})
-            self._mark(event.uuid, f"XID {event.data}")  # type: ignore[arg-type]
+            assert event.uuid is not None  # classify calls an event UNHEALTHY only for a GPU it names
+            self._mark(event.uuid, f"XID {event.data}")
         elif event.is_xid and owner:
             log.info("XID %d on GPU %s ignored (application error)", event.data, event.uuid, extra={"resource": owner})
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from attrs import field, frozen
 
@@ -39,7 +38,7 @@ class Gpu:
 
     info: GpuInfo
     numa_node: int | None = None
-    handle: Any = field(default=None, eq=False, repr=False)
+    handle: object = field(default=None, eq=False, repr=False)
 
     @property
     def uuid(self) -> str:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from attrs import field, frozen
 
 from cdiplug.model import PreferredRequest
 from cdiplug.replicas import underlying
 
+from .discovery import Gpu
 from .nvml import Nvml, NvmlError, PcieLevel
 from .options import ReplicaStrategy
 
@@ -74,7 +74,7 @@ class Topology:
         return NVLINK_SCORE * nvlinks + PCIE_SCORE[level]
 
 
-def read_topology(nvml: Nvml, gpus: Sequence[Any]) -> Topology:
+def read_topology(nvml: Nvml, gpus: Sequence[Gpu]) -> Topology:
     """Ask NVML how every pair of ``gpus`` (discovery's ``Gpu`` objects) connects. Blocking.
 
     A GPU whose links NVML cannot list counts as having none; a pair whose PCIe level it cannot

@@ -29,7 +29,6 @@ import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from attrs import frozen
 from pyroute2.netlink.exceptions import NetlinkError
@@ -48,7 +47,7 @@ from .discovery import (
     select_all,
     to_snapshot,
 )
-from .hotplug import UdevWatch, open_monitor
+from .hotplug import UdevMonitor, UdevWatch, open_monitor
 from .journal import BoundRecord, Journal, JournalError
 from .links import LinkStates
 from .options import PciOptions, Release
@@ -82,7 +81,7 @@ class PciBackend:
         *,
         writer: SysfsWriter | None = None,
         netns: str | None = None,
-        udev_monitor: Any = None,
+        udev_monitor: UdevMonitor | None = None,
         verify_timeout: float | None = None,
     ) -> None:
         self.resources = tuple(resources)
@@ -224,10 +223,10 @@ class PciBackend:
             self._wake.set()
             await asyncio.sleep(LINK_RETRY)
 
-    def _open_monitor(self) -> Any:
+    def _open_monitor(self) -> UdevMonitor | None:
         return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root)
 
-    async def _watch_udev(self, monitor: Any) -> None:
+    async def _watch_udev(self, monitor: UdevMonitor) -> None:
         async for events in UdevWatch(monitor).batches():
             removed = {name for action, name in events if action == "remove"}
             if removed:

@@ -122,9 +122,9 @@ class BoundRecord:
 _conv = cattrs.Converter(forbid_extra_keys=False)
 
 
-def _why(exc: BaseException, _type: object) -> str:
+def _why(exc: BaseException, _type: type | None) -> str:
     """What cattrs found wrong at one place of a state file: the check's own words."""
-    return str(exc) if isinstance(exc, ValueError) else format_exception(exc, _type)  # type: ignore[arg-type]
+    return str(exc) if isinstance(exc, ValueError) else format_exception(exc, _type)
 
 
 def _file_name(group: str) -> str:

@@ -35,7 +35,7 @@ class DemoFailed(CdiplugError):
     """A step of the demo did not go as the kubelet would have it."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the classic experiment against a kubelet stand-in (no cluster needed)",
