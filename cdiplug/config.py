@@ -13,7 +13,7 @@ import enum
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
@@ -27,6 +27,8 @@ from .errors import BackendError, BackendNotFound, ConfigError
 from .model import DEFAULT_ALLOCATE, AllocatePart
 from .names import extended_resource_problem, is_dns_subdomain, kind_problem, spec_file_name
 from .resource import Api, ResourceConfig, default_dra_driver
+
+O = TypeVar("O")  # noqa: E741 - a backend's options type
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 
@@ -72,7 +74,7 @@ def _list_hook(t: Any) -> Any:
     return hook
 
 
-def _attrs_hook(cl: type) -> Any:
+def _attrs_hook(cl: type[object]) -> Any:
     """Mappings only, so that ``resources: [5]`` says so instead of cattrs' internal wording."""
     inner = cattrs.gen.make_dict_structure_fn(cl, converter)
 
@@ -144,10 +146,10 @@ class _RawConfig:
 
 @frozen
 class Config:
-    resources: tuple[ResourceConfig[Any], ...]
+    resources: tuple[ResourceConfig[object], ...]
     source: str = field(default="<built-in default>", eq=False)
 
-    def by_name(self) -> Mapping[str, ResourceConfig[Any]]:
+    def by_name(self) -> Mapping[str, ResourceConfig[object]]:
         return {r.name: r for r in self.resources}
 
 
@@ -170,7 +172,7 @@ def _errors(exc: Exception, path: str, source: str) -> ConfigError:
     return err
 
 
-def structure_options(options_type: type, raw: Mapping[str, Any], path: str, source: str) -> Any:
+def structure_options(options_type: type[O], raw: Mapping[str, Any], path: str, source: str) -> O:
     """Structure a backend's options mapping; errors carry ``path`` (``$.resources[1].options``).
 
     After structuring, an options class may check values across fields: a ``problems()`` method
@@ -185,7 +187,7 @@ def structure_options(options_type: type, raw: Mapping[str, Any], path: str, sou
     return options
 
 
-def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
+def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
     """Turn already-loaded YAML data into a checked :class:`Config`."""
     if not isinstance(data, Mapping):
         raise ConfigError("the configuration must be a mapping with a 'resources' list", "$", source)
@@ -197,7 +199,7 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
         raise ConfigError("at least one resource is needed", "$.resources", source)
     plugins = load_plugins() if plugins is None else plugins
 
-    resources: list[ResourceConfig[Any]] = []
+    resources: list[ResourceConfig[object]] = []
     seen_names: dict[str, int] = {}
     seen_kinds: dict[str, int] = {}
     seen_drivers: dict[str, int] = {}
@@ -261,7 +263,7 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
     return Config(resources=tuple(resources), source=source)
 
 
-def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
+def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
     """Read and check the config file, or the built-in default when ``path`` is None."""
     if path is None:
         return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "<built-in default>", plugins)

@@ -18,7 +18,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from attrs import field, frozen
 
@@ -42,7 +41,7 @@ class Gpu:
     info: GpuInfo
     numa_node: int | None = None
     pcie_root: str | None = None  # the PCIe root complex (``pci0000:00``), for DRA
-    handle: Any = field(default=None, eq=False, repr=False)
+    handle: object = field(default=None, eq=False, repr=False)
 
     @property
     def uuid(self) -> str:
@@ -112,7 +111,7 @@ def discover(nvml: Nvml, world: World) -> Inventory:
     return Inventory(gpus=tuple(gpus), skipped=tuple(skipped))
 
 
-def assign(gpus: Sequence[Gpu], resources: Sequence[ResourceConfig]) -> dict[str, tuple[Gpu, ...]]:
+def assign(gpus: Sequence[Gpu], resources: Sequence[ResourceConfig[NvidiaOptions]]) -> dict[str, tuple[Gpu, ...]]:
     """Which GPUs each resource gets: the first resource (in config order) that selects a GPU wins."""
     taken: dict[str, list[Gpu]] = {r.name: [] for r in resources}
     for gpu in gpus:

@@ -72,8 +72,8 @@ class PciFunction:
     iommu_group: str | None = None
     numa_node: int | None = None
     physfn: str | None = None
-    virtfns: tuple[str, ...] = field(default=(), converter=tuple)
-    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+    virtfns: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     vfio_dev: str | None = None
     pcie_root: str | None = None  # the root complex the function hangs off (``pci0000:00``), for DRA
 

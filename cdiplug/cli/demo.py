@@ -34,7 +34,7 @@ class DemoFailed(CdiplugError):
     """A step of the demo did not go as the kubelet would have it."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the classic experiment against a kubelet stand-in (no cluster needed)",
@@ -87,7 +87,8 @@ def demo_world(folder: Path) -> World:
 async def demo(folder: Path, say: Callable[[str], Any]) -> None:
     """Run the experiment in ``folder``, reporting each step through ``say``; raises DemoFailed."""
     from ..testing.daemon import running_daemon
-    from ..testing.kubelet import KubeletStandIn, PodPhase
+    from ..testing.kubelet import KubeletStandIn
+    from ..testing.kubelet_records import PodPhase
 
     health = folder / "health.yaml"
     config = demo_config(health)

@@ -298,13 +298,17 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, server: ResourceServer) -> None:
         self._s = server
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=self._s.pre_start_required,
             get_preferred_allocation_available=True,
         )
 
-    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse]
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
         queue = self._s._open_stream()
         try:
             while True:
@@ -316,7 +320,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             # Reached too when the kubelet cancels: grpc cancels this task at queue.get().
             self._s._close_stream(queue)
 
-    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+    async def Allocate(
+        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse]
+    ) -> pb.AllocateResponse:
         requests = [list(r.devices_ids) for r in request.container_requests]
         try:
             answers = await self._s.allocator.allocate(requests)
@@ -326,7 +332,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
 
     async def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
     ) -> pb.PreferredAllocationResponse:
         requests = [
             PreferredRequest(
@@ -346,7 +354,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         )
 
     async def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[pb.PreStartContainerRequest, pb.PreStartContainerResponse],
     ) -> pb.PreStartContainerResponse:
         ids = list(request.devices_ids)
         try:
@@ -356,7 +366,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             raise
         return pb.PreStartContainerResponse()
 
-    async def _abort(self, context: grpc.aio.ServicerContext, rpc: str, requests: Any, exc: Exception) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, requests: Any, exc: Exception) -> None:
         code = status_for(exc)
         extra = {"resource": self._s.resource}
         if isinstance(exc, CdiplugError):

@@ -54,7 +54,9 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
         )
 
     async def NodeWatchResources(
-        self, request: pb.NodeWatchResourcesRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.NodeWatchResourcesRequest,
+        context: grpc.aio.ServicerContext[pb.NodeWatchResourcesRequest, pb.NodeWatchResourcesResponse],
     ) -> AsyncIterator[pb.NodeWatchResourcesResponse]:
         while True:
             changed = self._changed
@@ -63,4 +65,4 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
 
 
 def add_to_server(server: grpc.aio.Server, feed: HealthFeed) -> None:
-    pb_grpc.add_DRAResourceHealthServicer_to_server(feed, server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_DRAResourceHealthServicer_to_server(feed, server)

@@ -36,13 +36,17 @@ class RegistrationService(pb_grpc.RegistrationServicer):
         self.versions = tuple(versions)
         self.on_status = on_status
 
-    async def GetInfo(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.PluginInfo:
+    async def GetInfo(
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[pb.InfoRequest, pb.PluginInfo]
+    ) -> pb.PluginInfo:
         return pb.PluginInfo(
             type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(self.versions)
         )
 
     async def NotifyRegistrationStatus(
-        self, request: pb.RegistrationStatus, context: grpc.aio.ServicerContext
+        self,
+        request: pb.RegistrationStatus,
+        context: grpc.aio.ServicerContext[pb.RegistrationStatus, pb.RegistrationStatusResponse],
     ) -> pb.RegistrationStatusResponse:
         if request.plugin_registered:
             log.info("DRA driver %s registered with the kubelet", self.driver)
@@ -53,4 +57,4 @@ class RegistrationService(pb_grpc.RegistrationServicer):
 
 
 def add_to_server(server: grpc.aio.Server, service: RegistrationService) -> None:
-    pb_grpc.add_RegistrationServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_RegistrationServicer_to_server(service, server)

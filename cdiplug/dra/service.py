@@ -86,14 +86,14 @@ class _Plugin:
         else:
             log.error("cannot %s claim %s", what, where, exc_info=exc, extra={"resource": self.preparer.resource.name})
 
-    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         answers = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
         response = self.pb.NodePrepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
             response.claims[claim.uid].CopyFrom(answer)
         return response
 
-    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         answers = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
         response = self.pb.NodeUnprepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
@@ -111,5 +111,5 @@ class _V1beta1(_Plugin, dra_v1beta1_pb2_grpc.DRAPluginServicer):
 
 def add_to_server(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
     """Serve both versions of the DRA plugin service for ``preparer`` on ``server``."""
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2), server)  # type: ignore[no-untyped-call]
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(preparer, dra_v1beta1_pb2), server)  # type: ignore[no-untyped-call]
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(preparer, dra_v1beta1_pb2), server)

@@ -51,8 +51,8 @@ class SnapshotListener(Protocol):
     def offer(self, snapshot: DeviceSnapshot) -> None: ...
 
 
-def group_by_backend(resources: Sequence[ResourceConfig[Any]]) -> dict[str, tuple[ResourceConfig[Any], ...]]:
-    groups: dict[str, list[ResourceConfig[Any]]] = {}
+def group_by_backend(resources: Sequence[ResourceConfig[object]]) -> dict[str, tuple[ResourceConfig[object], ...]]:
+    groups: dict[str, list[ResourceConfig[object]]] = {}
     for r in resources:
         groups.setdefault(r.backend, []).append(r)
     return {k: tuple(v) for k, v in groups.items()}
@@ -84,7 +84,7 @@ class _Sink:
 
 
 class _BackendRun:
-    def __init__(self, host: BackendHost, plugin: str, resources: tuple[ResourceConfig[Any], ...], backend: Backend) -> None:
+    def __init__(self, host: BackendHost, plugin: str, resources: tuple[ResourceConfig[object], ...], backend: Backend) -> None:
         self.plugin = plugin
         self.resources = resources
         self.names = frozenset(r.name for r in resources)
@@ -126,7 +126,7 @@ class BackendHost:
 
     # -- what front ends ask --
 
-    def config(self, resource: str) -> ResourceConfig[Any]:
+    def config(self, resource: str) -> ResourceConfig[object]:
         run = self._by_resource[resource]
         return next(r for r in run.resources if r.name == resource)
 
@@ -158,7 +158,7 @@ class BackendHost:
 
     # -- lifecycle --
 
-    def create(self, resources: Sequence[ResourceConfig[Any]]) -> None:
+    def create(self, resources: Sequence[ResourceConfig[object]]) -> None:
         """Create (not run) a backend per plugin; raises before anything changed when one fails."""
         runs = self._create(group_by_backend(resources))
         for run in runs:
@@ -178,7 +178,7 @@ class BackendHost:
         self._runs.clear()
         self._by_resource.clear()
 
-    async def reload(self, resources: Sequence[ResourceConfig[Any]]) -> frozenset[str]:
+    async def reload(self, resources: Sequence[ResourceConfig[object]]) -> frozenset[str]:
         """Recreate the backends whose resources changed; the names of the resources they serve.
 
         Raises (changing nothing) when a new backend cannot be created.
@@ -207,7 +207,7 @@ class BackendHost:
         if not keep:
             self._latest.pop(name, None)
 
-    def _create(self, groups: Mapping[str, tuple[ResourceConfig[Any], ...]]) -> list[_BackendRun]:
+    def _create(self, groups: Mapping[str, tuple[ResourceConfig[object], ...]]) -> list[_BackendRun]:
         runs = []
         for plugin, resources in groups.items():
             try:

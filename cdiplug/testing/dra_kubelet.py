@@ -108,7 +108,7 @@ class DraPluginConnection:
 
     async def health(self) -> AsyncIterator[dict[str, str]]:
         """The health stream: per message, device name -> HEALTHY / UNHEALTHY / UNKNOWN."""
-        stub = health_grpc.DRAResourceHealthStub(self._channel)  # type: ignore[no-untyped-call]
+        stub = health_grpc.DRAResourceHealthStub(self._channel)
         async for message in stub.NodeWatchResources(drahealth_v1alpha1_pb2.NodeWatchResourcesRequest()):
             yield {d.device.device_name: drahealth_v1alpha1_pb2.HealthStatus.Name(d.health) for d in message.devices}
 
@@ -152,7 +152,7 @@ class DraKubeletStandIn:
 
     async def register(self, driver: str, *, refuse: str | None = None) -> DraPluginConnection:
         async with grpc.aio.insecure_channel(f"unix://{self.socket(driver)}") as channel:
-            stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            stub = reg_grpc.RegistrationStub(channel)
             answer = await stub.GetInfo(reg_pb.InfoRequest(), timeout=self.timeout, wait_for_ready=True)
             info = PluginInfo(answer.type, answer.name, answer.endpoint, tuple(answer.supported_versions))
             problem = refuse or self._problem(info, driver)

@@ -310,7 +310,9 @@ async def test_a_failing_backend_is_restarted_and_the_others_keep_serving(
         assert not metrics.ready()
         assert sample(registry, "cdiplug_backend_restarts_total", backend="failing") >= 3
         failures = [rec for rec in caplog.records if "backend failing failed" in rec.getMessage()]
-        assert failures and "Input/output error" in failures[0].getMessage() and "restarting in 0.02 s" in failures[0].getMessage()
+        assert (
+            failures and "Input/output error" in failures[0].getMessage() and "restarting in 0.02 s" in failures[0].getMessage()
+        )
         # The hardware comes back: the next run reports, the devices are healthy, /readyz is too.
         FailingBackend.fail = asyncio.Event()
         await kubelet.wait_until(lambda: kubelet.allocatable(A) == 2, 5, "A healthy again")
