@@ -3,7 +3,9 @@
 Where the kubelet offers it, it calls ``NodeWatchResources`` and shows each device's health in
 the pods' ``status.containerStatuses[].allocatedResourcesStatus``. :class:`HealthFeed` holds the
 latest health of the driver's devices, fed from the backend's snapshots; every stream sends the
-whole pool at once and again whenever any device's health changes.
+whole pool at once, again whenever any device's health changes, and again every
+``heartbeat`` seconds with the current time as ``last_updated_time``: the kubelet takes health it
+has not heard about for a while as Unknown, and a quiet pool is a healthy one, not a lost one.
 
 The boundary: the gRPC edge of the health service and its protobuf; snapshots come in plain.
 """
@@ -21,14 +23,16 @@ from ..api import drahealth_v1alpha1_pb2_grpc as pb_grpc
 from ..model import DeviceSnapshot
 from .slices import device_name
 
+HEARTBEAT = 10.0
+
 
 class HealthFeed(pb_grpc.DRAResourceHealthServicer):
     """The health of one driver's pool, streamed to every watcher."""
 
-    def __init__(self, pool: str) -> None:
+    def __init__(self, pool: str, heartbeat: float = HEARTBEAT) -> None:
         self.pool = pool
+        self.heartbeat = heartbeat
         self._health: dict[str, bool] = {}  # device name -> healthy
-        self._stamp = int(time.time())
         self._changed = asyncio.Event()  # set (and replaced) on every change
 
     def update(self, snapshot: DeviceSnapshot) -> None:
@@ -37,7 +41,6 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
         if health == self._health:
             return
         self._health = health
-        self._stamp = int(time.time())
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -47,7 +50,7 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
                 pb.DeviceHealth(
                     device=pb.DeviceIdentifier(pool_name=self.pool, device_name=name),
                     health=pb.HEALTHY if healthy else pb.UNHEALTHY,
-                    last_updated_time=self._stamp,
+                    last_updated_time=int(time.time()),
                 )
                 for name, healthy in sorted(self._health.items())
             ]
@@ -61,7 +64,10 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
         while True:
             changed = self._changed
             yield self._message()
-            await changed.wait()
+            try:
+                await asyncio.wait_for(changed.wait(), self.heartbeat)
+            except TimeoutError:
+                pass  # nothing changed: say so again
 
 
 def add_to_server(server: grpc.aio.Server, feed: HealthFeed) -> None:
