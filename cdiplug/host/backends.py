@@ -126,10 +126,6 @@ class BackendHost:
 
     # -- what front ends ask --
 
-    def config(self, resource: str) -> ResourceConfig[object]:
-        run = self._by_resource[resource]
-        return next(r for r in run.resources if r.name == resource)
-
     def abilities(self, resource: str) -> Abilities:
         return self._by_resource[resource].abilities
 
@@ -191,9 +187,11 @@ class BackendHost:
             run = self._runs.pop(plugin)
             run.sink.active = False
             await self.supervisor.cancel(run.task_name)
+            staying = {name for r in runs for name in r.names}
             for name in run.names:
                 self._by_resource.pop(name, None)
-                self._latest_keep_or_drop(name, keep=any(name in r.names for r in runs))
+                if name not in staying:  # one that stays keeps its last snapshot until the new backend reports
+                    self._latest.pop(name, None)
             log.info("stopped backend %s", plugin)
         for run in runs:
             self._add(run)
@@ -201,11 +199,6 @@ class BackendHost:
                 self._spawn(run)
                 log.info("started backend %s for %s", run.plugin, ", ".join(sorted(run.names)))
         return frozenset(name for run in runs for name in run.names)
-
-    def _latest_keep_or_drop(self, name: str, keep: bool) -> None:
-        # A resource that stays keeps its last snapshot until the new backend reports.
-        if not keep:
-            self._latest.pop(name, None)
 
     def _create(self, groups: Mapping[str, tuple[ResourceConfig[object], ...]]) -> list[_BackendRun]:
         runs = []
