@@ -19,14 +19,15 @@ import attrs
 import cattrs
 import cattrs.cols
 import cattrs.gen
-import yaml
 from attrs import field, frozen
 
 from .backend import BackendPlugin, load_plugins
-from .errors import BackendError, BackendNotFound, ConfigError
+from .errors import BackendError, BackendNotFound, ConfigError, InputError
+from .files import CONFIG_LIMIT, read_text
 from .model import DEFAULT_ALLOCATE, AllocatePart
 from .names import extended_resource_problem, is_dns_subdomain, kind_problem
 from .resource import Api, ResourceConfig, default_dra_driver
+from .safeload import load_yaml
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 
@@ -259,22 +260,21 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
 
 
 def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
-    """Read and check the config file, or the built-in default when ``path`` is None."""
+    """Read and check the config file, or the built-in default when ``path`` is None.
+
+    The file is read bounded (a regular file of at most :data:`~cdiplug.files.CONFIG_LIMIT`
+    bytes) and parsed with the bounds of ``cdiplug.safeload``; every problem is a ConfigError.
+    """
     if path is None:
-        return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "<built-in default>", plugins)
+        return parse_config(load_yaml(DEFAULT_CONFIG_YAML, "<built-in default>"), "<built-in default>", plugins)
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read configuration: {exc.strerror}", "$", source) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not valid YAML: not UTF-8 text (byte {exc.start})", "$", source) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", "$", source) from exc
+        text = read_text(path, CONFIG_LIMIT, "configuration")
+        data = load_yaml(text or "", source)
+    except ConfigError:
+        raise
+    except InputError as exc:
+        raise ConfigError(exc.message, exc.path, exc.source) from exc
     return parse_config(data, source, plugins)
 
 
