@@ -16,7 +16,7 @@ from cdiplug.brief import brief
 from cdiplug.errors import InputError
 from cdiplug.files import CONFIG_LIMIT, read_text
 from cdiplug.filewatch import FOLDER, FolderWatch
-from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.model import MAX_NUMA_NODE, ContainerEdits, Device, DeviceSnapshot, Health
 from cdiplug.names import resource_class
 from cdiplug.resource import ResourceConfig
 from cdiplug.safeload import load_json, load_yaml
@@ -37,8 +37,12 @@ class FakeOptions:
         if not 0 <= self.count <= MAX_COUNT:
             yield "count", f"must be between 0 and {MAX_COUNT}, got {self.count}"
         for i, node in enumerate(self.numa_nodes):
-            if node < 0:
-                yield f"numa_nodes[{i}]", f"a NUMA node is 0 or more, got {node}"
+            if not 0 <= node <= MAX_NUMA_NODE:
+                yield f"numa_nodes[{i}]", f"a NUMA node is between 0 and {MAX_NUMA_NODE}, got {node}"
+
+    def device_estimate(self, resource: str) -> tuple[int, int]:
+        """How many devices these options make, and the longest ID in bytes (config checks this)."""
+        return self.count, len(f"{resource_class(resource)}-{max(self.count - 1, 0)}".encode())
 
 
 def env_prefix(resource: str) -> str:

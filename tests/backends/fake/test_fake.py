@@ -126,7 +126,12 @@ async def test_every_resource_is_published(world):
         ({"count": -1}, "must be between 0 and 65536, got -1", "$.resources[0].options.count"),
         ({"count": 65537}, "must be between 0 and 65536, got 65537", "$.resources[0].options.count"),
         ({"count": "2"}, "expected an integer, got str '2'", "$.resources[0].options.count"),
-        ({"numa_nodes": [0, -1]}, "a NUMA node is 0 or more, got -1", "$.resources[0].options.numa_nodes[1]"),
+        ({"numa_nodes": [0, -1]}, "a NUMA node is between 0 and 2147483647, got -1", "$.resources[0].options.numa_nodes[1]"),
+        (
+            {"numa_nodes": [2**31]},
+            "a NUMA node is between 0 and 2147483647, got 2147483648",
+            "$.resources[0].options.numa_nodes[0]",
+        ),
         ({"numa_nodes": 0}, "expected a list, got int 0", "$.resources[0].options.numa_nodes"),
         ({"health_file": 3}, "expected a path, got int 3", "$.resources[0].options.health_file"),
         ({"cout": 3}, "unknown key 'cout' (allowed: count, numa_nodes, health_file)", "$.resources[0].options"),
