@@ -232,7 +232,9 @@ class PciSysfs:
         vfio_dev = None
         if "vfio-dev" in present:
             try:
-                vfio_dev = next((n for n in sorted(os.listdir(f"{base}/vfio-dev")) if n.startswith("vfio")), None)
+                vfio_dev = next(
+                    (n for n in sorted(os.listdir(f"{base}/vfio-dev")) if n.startswith("vfio") and n[4:].isdigit()), None
+                )
             except OSError:
                 vfio_dev = None
         return PciFunction(
