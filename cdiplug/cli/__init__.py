@@ -15,9 +15,19 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
-from ..world import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_STATE_DIR, World
+from .. import signals
+
+if TYPE_CHECKING:
+    from ..world import World
+
+# Kept here rather than imported from cdiplug.world: importing it (attrs) before main() runs would
+# delay the early signal handlers of ``cdiplug serve`` (test_cli checks these stay equal).
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+DEFAULT_STATE_DIR = Path("/var/lib/cdiplug")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 EXIT_USAGE = 2
 
@@ -50,6 +60,8 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
 
 
 def world_from_args(args: argparse.Namespace) -> World:
+    from ..world import World
+
     return World(
         kubelet_dir=Path(args.kubelet_dir),
         cdi_dir=Path(args.cdi_dir),
@@ -79,6 +91,14 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and not signals.installed() and next((w for w in sys.argv[1:] if not w.startswith("-")), None) == "serve":
+        # The process's own command line (never a caller's argv: a test's process keeps its
+        # signals); cdiplug.__main__ did this earlier already. Before anything slow (building
+        # the parser imports every subcommand): a SIGHUP or SIGTERM during start-up must not end
+        # the daemon uncleanly (cdiplug.signals).
+        signals.install_early()
+    from ..errors import ConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

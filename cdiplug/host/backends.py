@@ -41,6 +41,7 @@ from .specs import SpecKeepers
 
 log = logging.getLogger(__name__)
 
+CDI_WATCH_TASK = "cdi-folder-watch"
 BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 60.0
 
@@ -161,13 +162,15 @@ class BackendHost:
             self._add(run)
 
     def start(self) -> None:
-        """Run every created backend under the supervisor."""
+        """Run every created backend under the supervisor, and the CDI folder watch."""
         self._started = True
         for run in self._runs.values():
             self._spawn(run)
+        self.supervisor.spawn(CDI_WATCH_TASK, self.specs.watch())
 
     async def stop(self) -> None:
         self._started = False
+        await self.supervisor.cancel(CDI_WATCH_TASK)
         for run in self._runs.values():
             run.sink.active = False
         await self.supervisor.cancel(*(run.task_name for run in self._runs.values()))
