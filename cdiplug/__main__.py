@@ -1,7 +1,21 @@
-"""``python -m cdiplug``: the same as the ``cdiplug`` console script."""
+"""``python -m cdiplug`` and the ``cdiplug`` console script: :func:`main`.
+
+For ``serve``, the early signal handlers go in before anything else is imported
+(``cdiplug.signals``): a SIGHUP in the first milliseconds must not end the daemon.
+"""
 
 import sys
 
-from .cli import main
 
-sys.exit(main())
+def main() -> int:
+    if next((w for w in sys.argv[1:] if not w.startswith("-")), None) == "serve":
+        from . import signals
+
+        signals.install_early()
+    from .cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

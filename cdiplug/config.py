@@ -2,7 +2,10 @@
 
 Unknown keys are errors, scalars are not coerced (``count: "2"`` is an error, not 2), and every
 error names the field path and the file: ``expected int @ $.resources[1].options.count (in
-/etc/cdiplug/config.yaml)``. Each backend's ``options`` are structured into the attrs class its
+/etc/cdiplug/config.yaml)``. Values that pass these checks but would break later are refused
+here too: CDI spec file names over 255 bytes, more advertised devices (``count × replicas``) than
+fit in one ListAndWatch message the kubelet accepts (4 MiB), and, in :func:`check_against`, which
+needs the node's folders, socket paths longer than a unix socket address takes (107 bytes). Each backend's ``options`` are structured into the attrs class its
 plugin declares, with the same converter, so backends get the same strictness and messages.
 """
 
@@ -19,14 +22,16 @@ import attrs
 import cattrs
 import cattrs.cols
 import cattrs.gen
-import yaml
 from attrs import field, frozen
 
 from .backend import BackendPlugin, load_plugins
-from .errors import BackendError, BackendNotFound, ConfigError
+from .errors import BackendError, BackendNotFound, ConfigError, InputError
+from .files import CONFIG_LIMIT, read_text
 from .model import DEFAULT_ALLOCATE, AllocatePart
 from .names import extended_resource_problem, is_dns_subdomain, kind_problem, spec_file_name
 from .resource import Api, ResourceConfig, default_dra_driver
+from .safeload import load_yaml
+from .world import World
 
 O = TypeVar("O")  # noqa: E741 - a backend's options type
 
@@ -215,6 +220,8 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
         seen_names[r.name] = i
         if r.replicas < 1:
             raise ConfigError(f"replicas must be at least 1, got {r.replicas}", f"{at}.replicas", source)
+        if r.replicas > MAX_REPLICAS:
+            raise ConfigError(f"replicas must be at most {MAX_REPLICAS:,}, got {r.replicas:,}", f"{at}.replicas", source)
         if r.allocate is not None and not r.allocate:
             raise ConfigError("allocate must name at least one part", f"{at}.allocate", source)
         if r.backend not in plugins:
@@ -231,6 +238,12 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
             problem = f"CDI kind {kind!r} would be written to {spec_file_name(kind)}, a name kept for DRA's per-claim specs"
         if problem:
             raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
+        if len(spec_file_name(kind).encode()) > MAX_FILE_NAME:
+            raise ConfigError(
+                f"the CDI spec file name for kind {kind[:80]!r} would be longer than {MAX_FILE_NAME} bytes",
+                f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name",
+                source,
+            )
         if kind in seen_kinds:
             raise ConfigError(f"CDI kind {kind!r} is already used by $.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source)
         seen_kinds[kind] = i
@@ -248,6 +261,9 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
                 )
             seen_drivers[driver] = i
         options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
+        problem = list_and_watch_problem(r.name, options, r.replicas)
+        if problem:
+            raise ConfigError(problem, f"{at}.replicas" if r.replicas > 1 else f"{at}.options", source)
         resources.append(
             ResourceConfig(
                 name=r.name,
@@ -264,23 +280,103 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
 
 
 def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
-    """Read and check the config file, or the built-in default when ``path`` is None."""
+    """Read and check the config file, or the built-in default when ``path`` is None.
+
+    The file is read bounded (a regular file of at most :data:`~cdiplug.files.CONFIG_LIMIT`
+    bytes) and parsed with the bounds of ``cdiplug.safeload``; every problem is a ConfigError.
+    """
     if path is None:
-        return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "<built-in default>", plugins)
+        return parse_config(load_yaml(DEFAULT_CONFIG_YAML, "<built-in default>"), "<built-in default>", plugins)
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read configuration: {exc.strerror}", "$", source) from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not valid YAML: not UTF-8 text (byte {exc.start})", "$", source) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", "$", source) from exc
+        text = read_text(path, CONFIG_LIMIT, "configuration")
+        data = load_yaml(text or "", source)
+    except ConfigError:
+        raise
+    except InputError as exc:
+        raise ConfigError(exc.message, exc.path, exc.source) from exc
     return parse_config(data, source, plugins)
+
+
+# -- limits of the kubelet and the kernel ---------------------------------------------------------
+
+MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL
+MAX_FILE_NAME = 255  # bytes of one file name (NAME_MAX)
+KUBELET_MAX_MESSAGE = 4 << 20  # the kubelet's gRPC receive limit, ListAndWatch included
+LIST_AND_WATCH_BUDGET = KUBELET_MAX_MESSAGE * 9 // 10  # a margin for what the estimate leaves out
+MAX_REPLICAS = 65536
+# The temporary name a ResourceServer binds before renaming it: ".cdiplug-<pid>-<n>.sock".
+_TEMP_SOCKET_NAME = len(".cdiplug-4194304-99999999.sock")
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def list_and_watch_size(devices: int, id_length: int, numa_nodes: int = 1) -> int:
+    """An upper bound of the ListAndWatch message for ``devices`` entries with IDs of at most
+    ``id_length`` bytes, each on at most ``numa_nodes`` NUMA nodes (protobuf wire sizes)."""
+    node = 1 + 1 + 1 + 5  # nodes entry: tag, length, NUMANode{ID: tag + varint of up to 2^31}
+    topology = 1 + 1 + numa_nodes * node if numa_nodes else 0
+    device = 1 + _varint_size(id_length) + id_length + 2 + len("Unhealthy") + topology
+    return devices * (1 + _varint_size(device) + device)
+
+
+def list_and_watch_problem(resource: str, options: Any, replicas: int) -> str | None:
+    """Why the devices of ``resource`` cannot fit in one ListAndWatch message, or None.
+
+    An options class that knows its device count says so through ``device_estimate(resource)``
+    (``(devices, longest ID in bytes)``); otherwise one device with a short ID is assumed, so
+    ``replicas`` alone is still checked.
+    """
+    estimate = getattr(options, "device_estimate", None)
+    devices, id_length = estimate(resource) if estimate is not None else (1, 1)
+    if replicas > 1:
+        id_length += len("::") + len(str(replicas - 1))
+    size = list_and_watch_size(devices * replicas, id_length)
+    if size <= LIST_AND_WATCH_BUDGET:
+        return None
+    what = f"{devices:,} devices × {replicas:,} replicas" if replicas > 1 else f"{devices:,} devices"
+    return (
+        f"{what} would make a ListAndWatch message of up to {size / (1 << 20):.1f} MiB; "
+        f"the kubelet accepts {KUBELET_MAX_MESSAGE >> 20} MiB (cdiplug allows {LIST_AND_WATCH_BUDGET / (1 << 20):.1f})"
+    )
+
+
+def check_against(config: Config, world: World) -> None:
+    """Checks that need the node's folders: every socket path fits a unix socket address.
+
+    Run by the daemon at start (a ConfigError: exit 2) and on every reload (refused, the old
+    configuration kept). Reported as ``message @ $.resources[i].name (in FILE)``.
+    """
+    for i, r in enumerate(config.resources):
+        at = f"$.resources[{i}]"
+        if r.api is Api.DRA:
+            paths = [
+                (world.plugins_registry_dir / f"{r.dra_driver}-reg.sock", f"{at}.dra_driver"),
+                (world.plugins_dir / r.dra_driver / "dra.sock", f"{at}.dra_driver"),
+            ]
+        else:
+            socket = world.kubelet_dir / r.socket_name
+            paths = [(socket, f"{at}.name")]
+            temp = len(str(world.kubelet_dir).encode()) + 1 + _TEMP_SOCKET_NAME
+            if temp > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"the kubelet folder {str(world.kubelet_dir)[:120]!r} is too long for unix sockets in it "
+                    f"({temp} bytes with cdiplug's temporary socket name; at most {MAX_SOCKET_PATH})",
+                    f"{at}.name",
+                    config.source,
+                )
+        for path, where in paths:
+            size = len(str(path).encode())
+            if size > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"socket path {str(path)[:120]!r} is {size} bytes; a unix socket path is at most {MAX_SOCKET_PATH}",
+                    where,
+                    config.source,
+                )
+            if len(path.name.encode()) > MAX_FILE_NAME:
+                raise ConfigError(f"socket file name is longer than {MAX_FILE_NAME} bytes", where, config.source)
 
 
 def dra_driver_problem(driver: str) -> str | None:

@@ -7,7 +7,9 @@ address is given to serve them), starts the :class:`~cdiplug.deviceplugin.fronte
 - SIGTERM or SIGINT: a clean stop (tasks cancelled, servers stopped, our sockets removed); 0.
 - SIGHUP: the configuration file is read again and applied (resources added, removed or changed
   start, stop or update; the others are left alone). A bad new configuration is logged with its
-  message and the old one keeps running.
+  message and the old one keeps running; so is any other failure of a reload (one line, the
+  traceback at debug level): the daemon never ends because of a reload. SIGHUPs before the node
+  is up (also those the early handlers of ``cdiplug.signals`` caught) make one reload after start.
 - a guarded task failing: everything stops cleanly and its error is raised to the caller.
 
 The boundary: process-level concerns only; what runs is the node's business.
@@ -23,8 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import signals
 from .backend import BackendPlugin
-from .config import Config, load_config
+from .brief import brief
+from .config import Config, check_against, load_config
 from .errors import CdiplugError, ConfigError
 from .node import Node
 from .supervisor import Supervisor
@@ -82,8 +86,11 @@ class Daemon:
 
     async def _load(self) -> Config:
         if isinstance(self.config_source, Config):
-            return self.config_source
-        return await asyncio.to_thread(load_config, self.config_source, self.plugins)
+            config = self.config_source
+        else:
+            config = await asyncio.to_thread(load_config, self.config_source, self.plugins)
+        check_against(config, self.world)
+        return config
 
     async def run(self, handle_signals: bool = True) -> int:
         loop = asyncio.get_running_loop()
@@ -97,10 +104,11 @@ class Daemon:
             ):
                 loop.add_signal_handler(sig, handler, sig)
                 installed.append(sig)
+            for early in signals.take_pending():  # caught before the loop's handlers were in place
+                (self._on_hup if early == signal.SIGHUP else self._on_stop_signal)(early)
         try:
             config = await self._load()  # ConfigError propagates: exit status 2
             log.info("configuration %s: %s", config.source, ", ".join(r.name for r in config.resources))
-            self._reload.clear()  # a SIGHUP before we ran has nothing newer to read
             async with contextlib.AsyncExitStack() as stack:
                 if self.metrics_address and self.metrics is not None:
                     await stack.enter_async_context(self.metrics.serve(self.metrics_address))
@@ -117,6 +125,8 @@ class Daemon:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            if installed:
+                signals.reinstall()
         log.info("stopped cleanly")
         return 0
 
@@ -145,26 +155,37 @@ class Daemon:
         while True:
             await self._reload.wait()
             self._reload.clear()  # signals arriving during a reload coalesce into one more
-            await self.reload()
+            await self.reload()  # never raises but CancelledError
 
     async def reload(self) -> bool:
-        """Read the configuration again and apply it; False (logged) when it is bad."""
+        """Read the configuration again and apply it; False (logged) when it is bad.
+
+        Never raises (but ``CancelledError``): whatever goes wrong, the old configuration keeps running.
+        """
         assert self.node is not None
         try:
-            config = await self._load()
-        except ConfigError as exc:
-            log.error("configuration not reloaded, the old one keeps running: %s", exc)
-            self._reloads_done += 1
+            try:
+                config = await self._load()
+            except ConfigError as exc:
+                log.error("configuration not reloaded, the old one keeps running: %s", exc)
+                return False
+            try:
+                await self.node.reload(config)
+            except CdiplugError as exc:
+                log.error("configuration not applied, the old one keeps running: %s", exc)
+                return False
+            log.info("configuration reloaded: %s", ", ".join(r.name for r in config.resources))
+            return True
+        except Exception as exc:  # a failure nobody foresaw must not end the daemon
+            log.error(
+                "configuration not reloaded, the old one keeps running: unexpected %s: %s",
+                type(exc).__name__,
+                brief(str(exc), 200),
+            )
+            log.debug("the unexpected reload failure", exc_info=exc)
             return False
-        try:
-            await self.node.reload(config)
-        except CdiplugError as exc:
-            log.error("configuration not applied, the old one keeps running: %s", exc)
+        finally:
             self._reloads_done += 1
-            return False
-        log.info("configuration reloaded: %s", ", ".join(r.name for r in config.resources))
-        self._reloads_done += 1
-        return True
 
 
 async def serve(

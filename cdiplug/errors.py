@@ -13,8 +13,11 @@ class CdiplugError(Exception):
     """Base of every error cdiplug raises on purpose."""
 
 
-class ConfigError(CdiplugError):
-    """Bad configuration: names the field path and the file it came from."""
+class InputError(CdiplugError):
+    """A file we were given is unusable: not a regular file, too big, not UTF-8, not valid
+    YAML/JSON, nested too deep, a value out of range. Names the file (``source``) and, where
+    known, the place inside it (``path``, as ``$.resources[1].name`` or a line and column).
+    """
 
     def __init__(self, message: str, path: str = "$", source: str | None = None) -> None:
         self.message = message
@@ -24,6 +27,10 @@ class ConfigError(CdiplugError):
         if source:
             where += f" (in {source})"
         super().__init__(message + where)
+
+
+class ConfigError(InputError):
+    """Bad configuration: names the field path and the file it came from."""
 
 
 class BackendNotFound(ConfigError):

@@ -3,7 +3,9 @@
 Used for the kubelet folder (kubelet.sock re-created, our socket removed: a kubelet restart) and
 for files backends re-read on change (the fake backend's health file). Events arrive on the event
 loop through ``add_reader``; nothing polls. When the folder itself goes away, the watch reports
-:data:`FOLDER` and re-arms itself once the folder is back.
+:data:`FOLDER` and re-arms itself once the folder is back. With ``gone_first`` (for a consumer
+that re-creates the folder itself: the CDI spec keepers), the :data:`FOLDER` batch comes at once,
+while the folder is still gone, and a second one once the watch is armed again.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ class FolderWatch:
     whatever arrived while the consumer was busy, which debounces bursts for free.
     """
 
-    def __init__(self, folder: Path, rearm_interval: float = 0.05) -> None:
+    def __init__(self, folder: Path, rearm_interval: float = 0.05, *, gone_first: bool = False) -> None:
         self.folder = Path(folder)
         self._rearm_interval = rearm_interval
+        self._gone_first = gone_first
         self._fd = -1
         self._wd = -1
         self._pending: set[str] = set()
@@ -126,5 +129,10 @@ class FolderWatch:
             self._event.clear()
             batch, self._pending = self._pending, set()
             if FOLDER in batch and self._wd < 0:
-                await self._rearm_when_back()
+                if self._gone_first:
+                    yield batch  # the consumer may re-create the folder now
+                    await self._rearm_when_back()
+                    batch = {FOLDER}  # what changed before the watch was armed again: look again
+                else:
+                    await self._rearm_when_back()
             yield batch

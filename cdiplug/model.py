@@ -67,6 +67,11 @@ def _attribute_tuple(
     return tuple(out)
 
 
+MAX_NUMA_NODE = 2**31 - 1
+"""The highest NUMA node number cdiplug accepts from a config or sysfs (the kernel's are far lower;
+the kubelet's topology manager keeps them in an int)."""
+
+
 def _sorted_ints(value: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in value}))
 

@@ -26,11 +26,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from attrs import field, frozen
 
-from .errors import CdiplugError
+from .errors import CdiplugError, InputError
+from .files import CONFIG_LIMIT, read_text
 from .names import extended_resource_problem, is_dns_subdomain
+from .safeload import load_yaml
 
 PATCH_CONTENT_TYPE = "application/json-patch+json"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -96,10 +97,11 @@ class ApiServer:
 
 
 def _read(path: Path, what: str, source: str) -> str:
+    """A file a kubeconfig names: a regular file of at most 1 MiB, UTF-8 (``cdiplug.files``)."""
     try:
-        return path.read_text()
-    except OSError as exc:
-        raise KubeconfigError(f"cannot read {what} {path} (named in {source}): {exc.strerror}") from exc
+        return read_text(path, CONFIG_LIMIT, what) or ""
+    except InputError as exc:
+        raise KubeconfigError(f"{exc.message}: {path} (named in {source})") from exc
 
 
 def _named(items: Any, name: str, kind: str, source: str) -> Mapping[str, Any]:
@@ -129,11 +131,9 @@ def load_kubeconfig(path: Path | str, context: str | None = None) -> ApiServer:
     path = Path(path)
     source = str(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise KubeconfigError(f"cannot read kubeconfig {source}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise KubeconfigError(f"kubeconfig {source} is not valid YAML: {exc}") from exc
+        data = load_yaml(read_text(path, CONFIG_LIMIT, "kubeconfig") or "", source)
+    except InputError as exc:
+        raise KubeconfigError(str(exc)) from exc
     if not isinstance(data, Mapping):
         raise KubeconfigError(f"kubeconfig {source} is not a mapping")
     context = context or data.get("current-context")

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from attrs import field, frozen
 
 from cdiplug.backend import SnapshotSink
-from cdiplug.errors import ConfigError
+from cdiplug.brief import brief
+from cdiplug.errors import InputError
+from cdiplug.files import CONFIG_LIMIT, read_text
 from cdiplug.filewatch import FOLDER, FolderWatch
-from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.model import MAX_NUMA_NODE, ContainerEdits, Device, DeviceSnapshot, Health
 from cdiplug.names import resource_class
 from cdiplug.resource import ResourceConfig
+from cdiplug.safeload import load_json, load_yaml
 from cdiplug.world import World
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ class FakeOptions:
         if not 0 <= self.count <= MAX_COUNT:
             yield "count", f"must be between 0 and {MAX_COUNT}, got {self.count}"
         for i, node in enumerate(self.numa_nodes):
-            if node < 0:
-                yield f"numa_nodes[{i}]", f"a NUMA node is 0 or more, got {node}"
+            if not 0 <= node <= MAX_NUMA_NODE:
+                yield f"numa_nodes[{i}]", f"a NUMA node is between 0 and {MAX_NUMA_NODE}, got {node}"
         for device_id, attributes in self.attributes.items():
             if not isinstance(attributes, Mapping):
                 yield f"attributes.{device_id}", "must map attribute names to values"
@@ -54,6 +55,10 @@ class FakeOptions:
                         f"must be a string, an integer or true/false, got {type(value).__name__}",
                     )
 
+    def device_estimate(self, resource: str) -> tuple[int, int]:
+        """How many devices these options make, and the longest ID in bytes (config checks this)."""
+        return self.count, len(f"{resource_class(resource)}-{max(self.count - 1, 0)}".encode())
+
 
 def env_prefix(resource: str) -> str:
     """``example.com/fpga`` -> ``FAKE_FPGA``."""
@@ -63,28 +68,29 @@ def env_prefix(resource: str) -> str:
 def read_health_file(path: Path) -> Mapping[str, Health]:
     """Parse the health file; a missing file means every device is Healthy.
 
-    Raises ConfigError naming the file and the entry for anything else that is wrong.
+    The file is read bounded (a regular file of at most 1 MiB, UTF-8) and parsed with the bounds
+    of ``cdiplug.safeload``. Raises :class:`InputError` naming the file and the entry for anything
+    else that is wrong.
     """
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    source = str(path)
+    text = read_text(path, CONFIG_LIMIT, "health file", missing_ok=True)
+    if text is None:
         return {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read health file: {exc.strerror}", "$", str(path)) from exc
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"health file is not valid YAML/JSON: {exc}", "$", str(path)) from exc
+    data = load_json(text, source) if path.suffix == ".json" else load_yaml(text, source, "YAML/JSON")
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise ConfigError("health file must map device IDs to Healthy or Unhealthy", "$", str(path))
+        raise InputError("health file must map device IDs to Healthy or Unhealthy", "$", source)
     health: dict[str, Health] = {}
     for key, value in data.items():
         try:
             health[str(key)] = Health(value)
-        except ValueError:
-            raise ConfigError(f"health must be Healthy or Unhealthy, got {value!r}", f"$.{key}", str(path)) from None
+        except (ValueError, TypeError):
+            raise InputError(
+                f"health must be Healthy or Unhealthy, got {brief(value)}",
+                f"$.{brief(str(key))[1:-1] if len(str(key)) <= 64 else brief(str(key))}",
+                source,
+            ) from None
     return health
 
 
@@ -132,9 +138,19 @@ class FakeBackend:
             return {}
         try:
             return await asyncio.to_thread(read_health_file, path)
-        except ConfigError as exc:
+        except InputError as exc:
             # A half-edited file must not take devices down or the daemon with it: say why, go on.
-            log.error("ignoring health file: %s", exc, extra={"resource": resource.name})
+            log.error("ignoring health file, keeping the last state: %s", exc, extra={"resource": resource.name})
+            return None
+        except Exception as exc:  # whatever else a hostile file provokes: the same, with the traceback
+            log.error(
+                "ignoring health file %s, keeping the last state: %s: %s",
+                path,
+                type(exc).__name__,
+                brief(str(exc), 200),
+                exc_info=exc,
+                extra={"resource": resource.name},
+            )
             return None
 
     async def _watch(

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from attrs import field, frozen
 
-from cdiplug.model import AttributeValue, ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health, Version
+from cdiplug.errors import InputError
+from cdiplug.files import read_bounded
+from cdiplug.model import MAX_NUMA_NODE, AttributeValue, ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health, Version
 from cdiplug.resource import ResourceConfig
 from cdiplug.world import World
 
@@ -64,10 +66,14 @@ def numa_node(sysfs_root: Path, bus_id: str) -> int | None:
     """The NUMA node of a PCI device from sysfs; None when unknown (-1, missing, unreadable)."""
     if "/" in bus_id or bus_id in ("", ".", ".."):
         return None  # never build a path that could leave the sysfs folder
+    path = Path(sysfs_root) / "bus/pci/devices" / bus_id / "numa_node"
     try:
-        text = (Path(sysfs_root) / "bus/pci/devices" / bus_id / "numa_node").read_text().strip()
+        text = (read_bounded(path, 64, "numa_node") or b"").decode("ascii").strip()
         node = int(text)
-    except (OSError, ValueError):
+    except (InputError, ValueError):  # not a regular file, too long, not ASCII, not a number
+        return None
+    if node > MAX_NUMA_NODE:
+        log.warning("GPU %s: NUMA node %d is out of range 0..%d; NUMA node unknown", bus_id, node, MAX_NUMA_NODE)
         return None
     return node if node >= 0 else None
 

@@ -108,6 +108,8 @@ def denied_by(options: PciOptions, address: str) -> str | None:
 
 def _own_problem(options: PciOptions, fn: PciFunction, noiommu_enabled: bool) -> str | None:
     """Why ``fn`` cannot be advertised by itself (group aside), or None."""
+    if fn.problem is not None:
+        return fn.problem
     if not options.force:
         entry = denied_by(options, fn.address)
         if entry is not None:

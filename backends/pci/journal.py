@@ -35,7 +35,9 @@ from attrs import field, frozen
 from cattrs.v import format_exception
 
 from cdiplug.atomic import fsync_dir, write_atomic
-from cdiplug.errors import BackendError
+from cdiplug.errors import BackendError, InputError
+from cdiplug.files import STATE_LIMIT, read_text
+from cdiplug.safeload import load_json
 
 from .sysfs import check_address, check_driver, is_address
 
@@ -193,25 +195,23 @@ class Journal:
         restore a function cdiplug never bound, so it counts as unusable too.
         """
         try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise JournalError(f"cannot read {path}: {exc.strerror}") from exc
-        try:
-            value = _conv.structure(json.loads(text), cls)
+            # Bounded, never through a symlink, never a FIFO or a folder (cdiplug.files).
+            text = read_text(path, STATE_LIMIT, "state file", follow=False, missing_ok=True)
+            if text is None:
+                return None
+            value = _conv.structure(load_json(text, str(path)), cls)
             if f"{stem(value)}.json" != path.name:
                 raise ValueError(f"it belongs in {stem(value)}.json")
-        except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
+        except (InputError, ValueError, TypeError, cattrs.BaseValidationError) as exc:
             # A file we cannot understand (the validators check every address, group and driver
             # name, as they become sysfs and state paths) must not stop the daemon for good: keep
             # it for people to look at, under a name we never read again.
             aside = path.with_name(path.name + f".corrupt-{int(time.time())}")
-            why = (
-                "; ".join(cattrs.transform_error(exc, format_exception=_why))
-                if isinstance(exc, cattrs.BaseValidationError)
-                else str(exc)
-            )
+            if isinstance(exc, cattrs.BaseValidationError):
+                why = "; ".join(cattrs.transform_error(exc, format_exception=_why))
+            else:
+                why = exc.message if isinstance(exc, InputError) else str(exc)
+            why = why if len(why) <= 300 else why[:300] + "…"
             log.error("state file %s is unreadable (%s); moved aside to %s", path, why, aside.name)
             with contextlib.suppress(OSError):
                 path.rename(aside)

@@ -5,6 +5,12 @@ IOMMU group, NUMA node (``-1`` means the platform has no topology: reported as N
 (``physfn``, ``virtfnN``), network interfaces (``net/``) and the VFIO character device of iommufd
 (``vfio-dev/vfioN``). Nothing here writes; binding lives in ``vfio``.
 
+What sysfs says is checked before it is used: a tree may be forged (a container with a writable
+``--sysfs-root``, a test). An IOMMU group whose link does not end in a plain number is refused
+with a reason (:attr:`PciFunction.problem`: the function is never advertised), so ``/dev/vfio/..``
+can never reach a spec or a DeviceSpec; a NUMA node outside 0..2^31-1 is unknown (logged);
+attribute files are read at most 4 KiB, never blocking on a FIFO.
+
 Reading is blocking and meant for ``asyncio.to_thread``. It uses bare ``os`` calls because a scan of
 thousands of functions must stay well under a second. A function that vanishes mid-scan (hot
 unplug) is simply left out. Every path built from an address is checked first, so an address can
@@ -13,6 +19,7 @@ never leave ``bus/pci/devices``.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -20,7 +27,12 @@ from pathlib import Path
 
 from attrs import field, frozen
 
+from cdiplug.brief import brief
 from cdiplug.errors import BackendError
+from cdiplug.model import MAX_NUMA_NODE
+
+log = logging.getLogger(__name__)
+
 
 _ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _GROUP = re.compile(r"^[0-9]+$")
@@ -76,6 +88,9 @@ class PciFunction:
     netdevs: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     vfio_dev: str | None = None
     pcie_root: str | None = None  # the root complex the function hangs off (``pci0000:00``), for DRA
+    # Why sysfs' account of this function cannot be trusted (an IOMMU group that is no number):
+    # such a function is never advertised.
+    problem: str | None = None
 
     @property
     def is_bridge(self) -> bool:
@@ -104,9 +119,23 @@ class PciTopology:
         return self.groups.get(group, ()) if group is not None else ()
 
 
+def _numa(address: str, text: str | None) -> int | None:
+    """The NUMA node in ``text``; None when unknown (-1, missing, not a number, out of range)."""
+    if text is None or text == "-1":
+        return None
+    if len(text) > 12 or not text.lstrip("-").isdigit():
+        log.warning("PCI function %s: numa_node holds %s, not a number; NUMA node unknown", address, brief(text))
+        return None
+    node = int(text)
+    if not 0 <= node <= MAX_NUMA_NODE:
+        log.warning("PCI function %s: NUMA node %d is out of range 0..%d; NUMA node unknown", address, node, MAX_NUMA_NODE)
+        return None
+    return node
+
+
 def _read(path: str) -> str | None:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -193,13 +222,13 @@ class PciSysfs:
         vendor, device = _hex(values["vendor"]), _hex(values["device"])
         if vendor is None or device is None:
             return None
-        numa_text = _read(f"{base}/numa_node") if "numa_node" in present else None
-        try:
-            numa = int(numa_text) if numa_text is not None else None
-        except ValueError:
-            numa = None
-        if numa is not None and numa < 0:
-            numa = None
+        numa = _numa(address, _read(f"{base}/numa_node") if "numa_node" in present else None)
+        problem = None
+        group = _link_name(f"{base}/iommu_group") if "iommu_group" in present else None
+        if group is not None and not _GROUP.match(group):
+            problem = f"its IOMMU group link names {brief(group)}, not a group number"
+            log.warning("PCI function %s: %s; it is not advertised", address, problem)
+            group = None
         virtfns = [e for e in entries if e.startswith("virtfn")]
         vf_links = sorted(
             ((int(e[6:]), _link_name(f"{base}/{e}")) for e in virtfns if e[6:].isdigit()),
@@ -213,7 +242,9 @@ class PciSysfs:
         vfio_dev = None
         if "vfio-dev" in present:
             try:
-                vfio_dev = next((n for n in sorted(os.listdir(f"{base}/vfio-dev")) if n.startswith("vfio")), None)
+                vfio_dev = next(
+                    (n for n in sorted(os.listdir(f"{base}/vfio-dev")) if n.startswith("vfio") and n[4:].isdigit()), None
+                )
             except OSError:
                 vfio_dev = None
         return PciFunction(
@@ -224,13 +255,14 @@ class PciSysfs:
             subsystem_device=_hex(_read(f"{base}/subsystem_device")) if "subsystem_device" in present else None,
             class_code=_hex(values["class"]) or 0,
             driver=_link_name(f"{base}/driver") if "driver" in present else None,
-            iommu_group=_link_name(f"{base}/iommu_group") if "iommu_group" in present else None,
+            iommu_group=group,
             numa_node=numa,
             physfn=_link_name(f"{base}/physfn") if "physfn" in present else None,
             virtfns=tuple(name for _, name in vf_links if name),
             netdevs=netdevs,
             vfio_dev=vfio_dev,
             pcie_root=pcie_root(base),
+            problem=problem,
         )
 
     def read_driver_override(self, address: str) -> str | None:

@@ -6,15 +6,21 @@ a temporary file in the same folder (a name runtimes ignore: it does not end in 
 fsync, rename over the old file, fsync the folder: a runtime sees the old spec or the new one,
 never half of one, and a failure leaves the old file as it was.
 
-``write`` is on the Allocate hot path. When nothing changed it costs one ``os.stat``: the writer
-remembers, per kind, the snapshot it last wrote, the bytes, and the file's identity (inode, size,
-mtime, mode); a file removed or changed behind its back is rewritten.
+``write`` is on the Allocate hot path. When nothing changed it costs one ``os.lstat``: the writer
+remembers, per kind, the snapshot it last wrote, the bytes, and the file's identity (device,
+inode, size, mtime, ctime, mode with the file type; ctime cannot be set back by anyone but the
+kernel), never following a symlink; a file removed or changed behind its back is rewritten. What
+stands in the way at a spec's path and is no regular file (a folder, a symlink, a FIFO) is moved
+aside to ``<name>.moved-aside-<n>`` (a name runtimes ignore) and reported, never followed or
+read. A folder the writer creates gets mode 0755 whatever the umask.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import stat as stat_module
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,11 +28,14 @@ from pathlib import Path
 from attrs import frozen
 
 from ..atomic import TEMP_SUFFIX, write_atomic
-from ..errors import CdiError
+from ..errors import CdiError, InputError
+from ..files import read_bounded
 from ..model import DeviceSnapshot
 from ..names import spec_file_name
 from .build import build_spec
 from .spec import to_json
+
+log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -34,20 +43,27 @@ OWN_PREFIX = "cdiplug-"
 # Per-claim specs of the DRA front end (cdiplug.dra.claimspec): that front end cleans them up
 # against its own checkpoint; this writer never removes them.
 CLAIM_PREFIX = "cdiplug-claim-"
+MOVED_ASIDE = ".moved-aside-"
 
 
 @frozen
 class _Stamp:
     """Enough of ``os.stat`` to notice that someone else replaced or edited the file."""
 
+    dev: int
     ino: int
     size: int
     mtime_ns: int
-    mode: int
+    ctime_ns: int
+    mode: int  # with the file type: a folder or a symlink never equals a file we wrote
 
     @classmethod
     def of(cls, st: os.stat_result) -> _Stamp:
-        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+    @property
+    def regular(self) -> bool:
+        return stat_module.S_ISREG(self.mode)
 
 
 @frozen
@@ -77,29 +93,39 @@ class SpecWriter:
         """The exact bytes :meth:`write` would write for ``snapshot``."""
         return to_json(build_spec(kind, snapshot))
 
-    def write(self, kind: str, snapshot: DeviceSnapshot) -> bool:
+    def write(self, kind: str, snapshot: DeviceSnapshot, *, verify: bool = False) -> bool:
         """Make the file of ``kind`` hold every device of ``snapshot``; True when the file changed.
 
         A snapshot without devices removes the file (a spec without devices is invalid). Raises
-        CdiError (the old file intact) when the spec cannot be built or written.
+        CdiError (the old file intact) when the spec cannot be built or written. ``verify`` also
+        compares the bytes when the stamp is unchanged: an edit within the same clock tick as our
+        write keeps every timestamp (the folder watch asks for this; Allocate does not).
         """
         path = self.path_for(kind)
         with self._lock:
             last = self._written.get(kind)
             stamp = _stat(path)
-            if last is not None and stamp == last.stamp and same_spec(last.snapshot, snapshot):
-                return False
+            unchanged = last is not None and stamp == last.stamp
+            if unchanged and same_spec(last.snapshot if last else None, snapshot):
+                assert last is not None
+                if not verify or _read(path, len(last.content)) == last.content:
+                    return False
+                unchanged, stamp = False, _stat(path)  # same stamp, other bytes: look again, rewrite
             if not snapshot.devices:
                 self._written.pop(kind, None)
                 return _unlink(path)
             content = self.render(kind, snapshot)
-            if stamp is not None and stamp.mode & 0o7777 == FILE_MODE:
-                if last is not None and stamp == last.stamp and content == last.content:
+            if stamp is not None and stamp.regular and stamp.mode & 0o7777 == FILE_MODE:
+                if last is not None and unchanged and content == last.content:
                     self._written[kind] = _Written(snapshot, content, stamp)
                     return False
-                if last is None and _read(path) == content:  # as left by our previous run
+                if last is None and _read(path, len(content)) == content:  # as left by our previous run
                     self._written[kind] = _Written(snapshot, content, stamp)
                     return False
+            if stamp is not None and not stamp.regular:
+                self._move_aside(path, stamp)
+            elif stamp is not None and last is not None and not unchanged:
+                log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
             self._written.pop(kind, None)
             new_stamp = self._replace(path, content)
             self._written[kind] = _Written(snapshot, content, new_stamp)
@@ -108,7 +134,8 @@ class SpecWriter:
     def is_current(self, kind: str, snapshot: DeviceSnapshot) -> bool:
         """Whether the file of ``kind`` is as we last wrote it and holds ``snapshot``'s spec.
 
-        One ``lstat``: the Allocate hot path asks this before anything else.
+        One ``lstat`` (a symlink or a folder at the path is never current): the Allocate hot path
+        asks this before anything else.
         """
         last = self._written.get(kind)
         if last is None:
@@ -152,15 +179,54 @@ class SpecWriter:
 
     def _replace(self, path: Path, content: bytes) -> _Stamp:
         """Write ``content`` to a temporary file beside ``path`` and rename it over ``path``."""
+        self.ensure_folder()
         try:
-            self.cdi_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CdiError(f"cannot create CDI folder {self.cdi_dir}: {exc.strerror}") from exc
-        try:
-            stamp = _Stamp.of(write_atomic(path, content, FILE_MODE))
+            written = write_atomic(path, content, FILE_MODE)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
-        return stamp
+        # The stamp after the rename (which may change the ctime), if it is still our file as we
+        # wrote it; else the one before, which then differs and has it written again.
+        after = _stat(path)
+        if after is not None and (after.ino, after.size, after.mode) == (written.st_ino, len(content), written.st_mode):
+            return after
+        return _Stamp.of(written)
+
+    def ensure_folder(self) -> None:
+        """Create the CDI folder (and missing parents) with mode 0755, whatever the umask."""
+        found = _stat(self.cdi_dir)
+        if found is not None and not stat_module.S_ISDIR(found.mode) and not self.cdi_dir.is_dir():
+            self._move_aside(self.cdi_dir, found)  # a file where the folder belongs
+        missing: list[Path] = []
+        folder = self.cdi_dir
+        while not folder.is_dir() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        try:
+            for folder in reversed(missing):
+                try:
+                    folder.mkdir(mode=DIR_MODE)
+                except FileExistsError:
+                    continue
+                os.chmod(folder, DIR_MODE)
+        except OSError as exc:
+            raise CdiError(f"cannot create CDI folder {self.cdi_dir}: {exc.strerror}") from exc
+
+    def _move_aside(self, path: Path, found: _Stamp) -> Path:
+        """Move what is at ``path`` (no regular file) to ``<name>.moved-aside-<n>``, and say so."""
+        what = _kind(found.mode)
+        for n in range(1, 1000):
+            aside = path.with_name(f"{path.name}{MOVED_ASIDE}{n}")
+            if _stat(aside) is not None:
+                continue
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                return aside  # gone by itself
+            except OSError as exc:
+                raise CdiError(f"{what} is in the way of {path} and cannot be moved: {exc.strerror}") from exc
+            log.warning("%s was in the way of %s; moved aside to %s", what, path, aside.name)
+            return aside
+        raise CdiError(f"{what} is in the way of {path}, and 999 others were moved aside already")
 
 
 def same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
@@ -177,17 +243,32 @@ def same_spec(old: DeviceSnapshot | None, new: DeviceSnapshot) -> bool:
 def _stat(path: Path) -> _Stamp | None:
     try:
         return _Stamp.of(os.stat(path, follow_symlinks=False))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # gone, or the folder itself is no folder
         return None
     except OSError as exc:
         raise CdiError(f"cannot stat CDI spec {path}: {exc.strerror}") from exc
 
 
-def _read(path: Path) -> bytes | None:
+def _read(path: Path, limit: int) -> bytes | None:
+    """The regular file at ``path`` (never through a symlink), if it holds at most ``limit`` bytes."""
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_bounded(path, limit, "CDI spec", follow=False)
+    except InputError:
         return None
+
+
+def _kind(mode: int) -> str:
+    if stat_module.S_ISDIR(mode):
+        return "a folder"
+    if stat_module.S_ISLNK(mode):
+        return "a symlink"
+    if stat_module.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat_module.S_ISSOCK(mode):
+        return "a socket"
+    if stat_module.S_ISREG(mode):
+        return "a file"
+    return "a device node"
 
 
 def _unlink(path: Path) -> bool:

@@ -15,18 +15,21 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
-from ..world import (
-    DEFAULT_CDI_DIR,
-    DEFAULT_KUBELET_DIR,
-    DEFAULT_PLUGINS_DIR,
-    DEFAULT_PLUGINS_REGISTRY_DIR,
-    DEFAULT_POD_RESOURCES_SOCKET,
-    DEFAULT_STATE_DIR,
-    World,
-    default_node_name,
-)
+from .. import signals
+
+if TYPE_CHECKING:
+    from ..world import World
+
+# Kept here rather than imported from cdiplug.world: importing it (attrs) before main() runs would
+# delay the early signal handlers of ``cdiplug serve`` (test_cli checks these stay equal).
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+DEFAULT_STATE_DIR = Path("/var/lib/cdiplug")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
 EXIT_USAGE = 2
 
@@ -67,6 +70,8 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
 
 
 def world_from_args(args: argparse.Namespace) -> World:
+    from ..world import World, default_node_name
+
     dra: dict[str, object] = {}
     if hasattr(args, "plugins_dir"):  # commands with add_dra_options
         kubeconfig = getattr(args, "kubeconfig", None)
@@ -106,6 +111,14 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and not signals.installed() and next((w for w in sys.argv[1:] if not w.startswith("-")), None) == "serve":
+        # The process's own command line (never a caller's argv: a test's process keeps its
+        # signals); cdiplug.__main__ did this earlier already. Before anything slow (building
+        # the parser imports every subcommand): a SIGHUP or SIGTERM during start-up must not end
+        # the daemon uncleanly (cdiplug.signals).
+        signals.install_early()
+    from ..errors import ConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

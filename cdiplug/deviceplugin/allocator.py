@@ -3,8 +3,11 @@
 For one resource it keeps the backend's latest snapshot and the one it advertises (replicas
 expanded), and turns the kubelet's requests into :class:`ContainerAllocation` values:
 
-- **validation** per container request: no IDs, unknown IDs or IDs listed twice are an
-  :class:`InvalidRequest` naming the IDs and the request (0-based). A device that turned Unhealthy
+- **validation** per container request: no IDs, unknown IDs or IDs listed twice (in one request
+  or in two containers of one Allocate) are an :class:`InvalidRequest` naming the IDs and the
+  request (0-based); GetPreferredAllocation with IDs we do not advertise or a size that cannot
+  be met likewise. Messages name a few IDs, each cut (``cdiplug.brief``): a request may hold
+  10,000 IDs of a megabyte each. The checks cost set lookups; the naming is on the error path. A device that turned Unhealthy
   after the kubelet chose it is still handed out, with a warning, as NVIDIA's plugin does: the
   kubelet decided while it was healthy, and failing the pod would not make the device healthier.
 - **preparation** through the host's :class:`~cdiplug.host.Preparations` (serialized per group,
@@ -28,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..backend import Abilities
+from ..brief import format_ids
 from ..cdi.annotations import annotations as cdi_annotations
 from ..errors import InvalidRequest
 from ..host import Preparations, SpecKeeper
@@ -117,6 +121,8 @@ class Allocator:
                 raise InvalidRequest(f"{self.resource.name}: Allocate names no container requests")
             snapshot = self._snapshot
             per_request = [self._devices_for(i, ids) for i, ids in enumerate(requests)]
+            if len(requests) > 1:
+                self._check_disjoint(requests)
             if self.preparations is not None and self.preparations.needed:
                 snapshot, per_request = await self._prepare(snapshot, per_request)
             if self.spec is not None and (self._send_cdi or self._send_annotations):
@@ -152,7 +158,7 @@ class Allocator:
         underlying = self._underlying
         unknown = [i for i in ids if i not in underlying]
         if unknown:
-            raise InvalidRequest(f"{what}: unknown device IDs {', '.join(map(repr, dict.fromkeys(unknown)))}")
+            raise InvalidRequest(f"{what}: unknown device IDs {format_ids(unknown)}")
         if len(set(ids)) != len(ids):
             seen: set[str] = set()
             twice: list[str] = []
@@ -160,7 +166,7 @@ class Allocator:
                 if i in seen:
                     twice.append(i)
                 seen.add(i)
-            raise InvalidRequest(f"{what}: device IDs listed more than once: {', '.join(map(repr, dict.fromkeys(twice)))}")
+            raise InvalidRequest(f"{what}: device IDs listed more than once: {format_ids(twice)}")
         devices = list({d.id: d for d in (underlying[i] for i in ids)}.values())
         for device in devices:
             if not device.healthy:
@@ -171,6 +177,23 @@ class Allocator:
                     extra={"resource": self.resource.name, "device": device.id},
                 )
         return devices
+
+    def _check_disjoint(self, requests: Sequence[Sequence[str]]) -> None:
+        """No advertised ID in two container requests (each request is free of repeats already)."""
+        if len(set().union(*requests)) == sum(map(len, requests)):
+            return
+        first: dict[str, int] = {}
+        shared: dict[str, tuple[int, int]] = {}
+        for index, ids in enumerate(requests):
+            for i in ids:
+                earlier = first.setdefault(i, index)
+                if earlier != index and i not in shared:
+                    shared[i] = (earlier, index)
+        (a, b) = next(iter(shared.values()))
+        raise InvalidRequest(
+            f"{self.resource.name}: device IDs in more than one container request "
+            f"(first in requests {a} and {b}): {format_ids(shared)}"
+        )
 
     # -- the answer --------------------------------------------------------------------------
 
@@ -211,8 +234,28 @@ class Allocator:
     # -- GetPreferredAllocation and PreStartContainer ---------------------------------------------
 
     def preferred(self, requests: Sequence[PreferredRequest]) -> list[tuple[str, ...]]:
-        """The suggested IDs per container request: the backend's own choice, else the core policy."""
+        """The suggested IDs per container request: the backend's own choice, else the core policy.
+
+        Every ID must be one we advertise, and the size must be met: at least the must-include
+        IDs, at most every ID offered, one at least.
+        """
+        for index, request in enumerate(requests):
+            self._check_preferred(index, request)
         return [self._preferred_one(r) for r in requests]
+
+    def _check_preferred(self, index: int, request: PreferredRequest) -> None:
+        underlying = self._underlying
+        what = f"{self.resource.name}: GetPreferredAllocation container request {index}"
+        unknown = [i for i in request.available if i not in underlying]
+        unknown += [i for i in request.must_include if i not in underlying]
+        if unknown:
+            raise InvalidRequest(f"{what}: device IDs not advertised {format_ids(unknown)}")
+        must = len(set(request.must_include))
+        offered = len(set(request.available).union(request.must_include))
+        if not max(must, 1) <= request.size <= offered:
+            raise InvalidRequest(
+                f"{what}: allocation size {request.size} cannot be met with {offered} devices offered, {must} of them required"
+            )
 
     def _preferred_one(self, request: PreferredRequest) -> tuple[str, ...]:
         backend = self.abilities.preferred
@@ -252,8 +295,6 @@ class Allocator:
             return
         unknown = [i for i in ids if i not in self._underlying]
         if unknown:
-            raise InvalidRequest(
-                f"{self.resource.name}: PreStartContainer for unknown device IDs {', '.join(map(repr, unknown))}"
-            )
+            raise InvalidRequest(f"{self.resource.name}: PreStartContainer for unknown device IDs {format_ids(unknown)}")
         devices = list({d.id: d for d in (self._underlying[i] for i in ids)}.values())
         await starter.pre_start(self.resource.name, devices)

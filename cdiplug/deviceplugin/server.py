@@ -9,7 +9,11 @@ runs as root, talks to it). It turns what the core hands it into protobuf and ba
   never a backlog. The first message of a stream is the current list.
 - Allocate, GetPreferredAllocation and PreStartContainer delegate to the resource's allocator
   (``cdiplug.deviceplugin.allocator.Allocator``) and convert its :class:`ContainerAllocation` answers.
-- Our exceptions become gRPC status codes here and nowhere else (:func:`status_for`).
+- Our exceptions become gRPC status codes here and nowhere else (:func:`status_for`). A request
+  that does not parse (a device ID that is not valid UTF-8, say) reaches the RPC as
+  :class:`Undecodable` and becomes INVALID_ARGUMENT naming the field; grpc's own handling would
+  answer INTERNAL without a word. Status details and log lines are bounded (:data:`MAX_DETAILS`,
+  ``cdiplug.brief``): a log line names the RPC and the request's size, never the whole request.
 
 The boundary: this module knows protobuf and sockets, not backends, CDI files or the kubelet's
 registration (``cdiplug.deviceplugin.registration``), nor when to (re)start (``cdiplug.deviceplugin.frontend``).
@@ -26,13 +30,13 @@ import socket
 import stat
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import grpc.aio
 
 from ..api import deviceplugin_v1beta1_pb2 as pb
-from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # the servicer base class only
 from ..errors import (
     CdiplugError,
     DeviceUnavailable,
@@ -41,12 +45,16 @@ from ..errors import (
     SocketInUse,
 )
 from ..model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
+from ..wire import Undecodable, lenient
 
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 # How long a live-socket probe may take: a process that accepts connections answers at once.
 PROBE_TIMEOUT = 0.5
+# Longest status message sent: far below gRPC's metadata limit (8 KiB by default), which a longer
+# one would exceed and turn into RESOURCE_EXHAUSTED for the caller.
+MAX_DETAILS = 1024
 
 _END = object()  # put into a stream's queue to end that stream cleanly (status OK)
 _temp_names = itertools.count()  # unique temporary socket names within this process
@@ -100,6 +108,52 @@ def allocation_message(a: ContainerAllocation) -> pb.ContainerAllocateResponse:
         annotations=dict(a.annotations),
         cdi_devices=[pb.CDIDevice(name=n) for n in a.cdi_devices],
     )
+
+
+def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
+    """``add_DevicePluginServicer_to_server`` with :func:`lenient` request deserializers."""
+    handlers = {
+        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+            servicer.GetDevicePluginOptions,
+            request_deserializer=lenient(pb.Empty),
+            response_serializer=pb.DevicePluginOptions.SerializeToString,
+        ),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            servicer.ListAndWatch,
+            request_deserializer=lenient(pb.Empty),
+            response_serializer=pb.ListAndWatchResponse.SerializeToString,
+        ),
+        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+            servicer.GetPreferredAllocation,
+            request_deserializer=lenient(pb.PreferredAllocationRequest),
+            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+        ),
+        "Allocate": grpc.unary_unary_rpc_method_handler(
+            servicer.Allocate,
+            request_deserializer=lenient(pb.AllocateRequest),
+            response_serializer=pb.AllocateResponse.SerializeToString,
+        ),
+        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+            servicer.PreStartContainer,
+            request_deserializer=lenient(pb.PreStartContainerRequest),
+            response_serializer=pb.PreStartContainerResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+SERVICE = "v1beta1.DevicePlugin"
+
+
+def _summary(requests: Sequence[Sequence[str]]) -> str:
+    """A request's size for a log line: never the IDs themselves."""
+    ids = sum(len(r) for r in requests)
+    return f"({len(requests)} container request{'s' if len(requests) != 1 else ''}, {ids:,} ID{'s' if ids != 1 else ''})"
+
+
+def _cut(text: str, limit: int = MAX_DETAILS) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} chars)"
 
 
 # -- the socket ---------------------------------------------------------------------------------
@@ -208,7 +262,7 @@ class ResourceServer:
         await clear_stale_socket(self.socket_path)
         temp = self.socket_path.with_name(f".cdiplug-{os.getpid()}-{next(_temp_names)}.sock")
         server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        _add_servicer(_Servicer(self), server)
         try:
             if server.add_insecure_port(f"unix://{temp}") == 0:
                 raise SocketInUse(f"cannot bind a socket in {self.socket_path.parent}")
@@ -321,21 +375,26 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             self._s._close_stream(queue)
 
     async def Allocate(
-        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse]
+        self,
+        request: pb.AllocateRequest | Undecodable,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
+        if isinstance(request, Undecodable):
+            await self._abort(context, "Allocate", "(undecodable)", InvalidRequest(request.reason))
         requests = [list(r.devices_ids) for r in request.container_requests]
         try:
             answers = await self._s.allocator.allocate(requests)
         except Exception as exc:
-            await self._abort(context, "Allocate", requests, exc)
-            raise  # unreachable: abort raises
+            await self._abort(context, "Allocate", _summary(requests), exc)
         return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
 
     async def GetPreferredAllocation(
         self,
-        request: pb.PreferredAllocationRequest,
+        request: pb.PreferredAllocationRequest | Undecodable,
         context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
     ) -> pb.PreferredAllocationResponse:
+        if isinstance(request, Undecodable):
+            await self._abort(context, "GetPreferredAllocation", "(undecodable)", InvalidRequest(request.reason))
         requests = [
             PreferredRequest(
                 available=r.available_deviceIDs,
@@ -347,35 +406,37 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         try:
             answers = self._s.allocator.preferred(requests)
         except Exception as exc:
-            await self._abort(context, "GetPreferredAllocation", [r.available for r in requests], exc)
-            raise
+            await self._abort(context, "GetPreferredAllocation", _summary([r.available for r in requests]), exc)
         return pb.PreferredAllocationResponse(
             container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers]
         )
 
     async def PreStartContainer(
         self,
-        request: pb.PreStartContainerRequest,
+        request: pb.PreStartContainerRequest | Undecodable,
         context: grpc.aio.ServicerContext[pb.PreStartContainerRequest, pb.PreStartContainerResponse],
     ) -> pb.PreStartContainerResponse:
+        if isinstance(request, Undecodable):
+            await self._abort(context, "PreStartContainer", "(undecodable)", InvalidRequest(request.reason))
         ids = list(request.devices_ids)
         try:
             await self._s.allocator.pre_start(ids)
         except Exception as exc:
-            await self._abort(context, "PreStartContainer", [ids], exc)
-            raise
+            await self._abort(context, "PreStartContainer", _summary([ids]), exc)
         return pb.PreStartContainerResponse()
 
-    async def _abort(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, requests: Any, exc: Exception) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, summary: str, exc: Exception) -> NoReturn:
+        """Answer ``exc`` as a status; ``summary`` says how big the request was (never its IDs)."""
         code = status_for(exc)
         extra = {"resource": self._s.resource}
         if isinstance(exc, CdiplugError):
             if isinstance(exc, PreparationError):
-                extra["device"] = exc.device
-            self._s._log.logger.warning("%s %s -> %s: %s", rpc, requests, code.name, exc, extra=extra)
-            details = str(exc)
+                extra["device"] = _cut(exc.device, 256)
+            details = _cut(str(exc))
+            self._s._log.logger.warning("%s %s -> %s: %s", rpc, summary, code.name, details, extra=extra)
         else:
             # A bug, not a bad request: keep the traceback in the log, tell the kubelet briefly.
-            self._s._log.logger.error("%s %s failed unexpectedly", rpc, requests, exc_info=exc, extra=extra)
-            details = f"internal error in {rpc}: {type(exc).__name__}: {exc}"
+            self._s._log.logger.error("%s %s failed unexpectedly", rpc, summary, exc_info=exc, extra=extra)
+            details = _cut(f"internal error in {rpc}: {type(exc).__name__}: {exc}")
         await context.abort(code, details)
+        raise AssertionError("context.abort returned")  # it raises; this tells the type checker

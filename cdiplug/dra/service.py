@@ -7,7 +7,9 @@ implementation over :class:`~cdiplug.dra.prepare.ClaimPreparer`:
 - every claim of a call is handled concurrently; a claim that fails gets its ``error`` string in
   the answer (the kubelet retries it) while the others succeed — the protocol's way, rather than
   failing the whole call;
-- a claim without a UID, namespace or name is such an error too (InvalidRequest);
+- a claim without a UID, namespace or name is such an error too (InvalidRequest); a request
+  protobuf cannot parse (a string that is not UTF-8) is INVALID_ARGUMENT naming the field
+  (:mod:`cdiplug.wire`), and claim names quoted in errors and logs are cut (:mod:`cdiplug.brief`);
 - errors that are not cdiplug's own are bugs: logged with their traceback, answered as an
   ``error`` naming their type, never a crash of the server.
 """
@@ -21,8 +23,10 @@ from typing import Any
 
 import grpc
 
-from ..api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from ..api import dra_v1_pb2, dra_v1beta1_pb2
+from ..brief import brief
 from ..errors import CdiplugError, InvalidRequest
+from ..wire import Undecodable, lenient
 from .checkpoint import PreparedClaim
 from .claims import ClaimRef
 from .prepare import ClaimPreparer
@@ -32,10 +36,17 @@ log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
+MAX_NAME = 253  # a namespace, name or UID longer than this is no Kubernetes name
+
+
 def _ref(claim: Any) -> ClaimRef:
     ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
     if not (ref.uid and ref.namespace and ref.name):
-        raise InvalidRequest(f"claim {ref} lacks its UID, namespace or name")
+        raise InvalidRequest(
+            f"claim {brief(ref.namespace)}/{brief(ref.name)} ({brief(ref.uid)}) lacks its UID, namespace or name"
+        )
+    if max(len(ref.uid), len(ref.namespace), len(ref.name)) > MAX_NAME:
+        raise InvalidRequest(f"claim {brief(ref.namespace)}/{brief(ref.name)} ({brief(ref.uid)}): a name is too long")
     return ref
 
 
@@ -80,13 +91,15 @@ class _Plugin:
         return self.pb.NodeUnprepareResourceResponse()
 
     def _log(self, exc: BaseException, what: str, claim: Any) -> None:
-        where = f"{claim.namespace}/{claim.name} ({claim.uid})"
+        where = f"{brief(claim.namespace)}/{brief(claim.name)} ({brief(claim.uid)})"
         if isinstance(exc, CdiplugError):
             log.error("cannot %s claim %s: %s", what, where, exc, extra={"resource": self.preparer.resource.name})
         else:
             log.error("cannot %s claim %s", what, where, exc_info=exc, extra={"resource": self.preparer.resource.name})
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         answers = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
         response = self.pb.NodePrepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
@@ -94,6 +107,8 @@ class _Plugin:
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         answers = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
         response = self.pb.NodeUnprepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
@@ -101,15 +116,26 @@ class _Plugin:
         return response
 
 
-class _V1(_Plugin, dra_v1_pb2_grpc.DRAPluginServicer):
-    pass
-
-
-class _V1beta1(_Plugin, dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    pass
+def _add(server: grpc.aio.Server, service: str, plugin: _Plugin) -> None:
+    """The generated ``add_DRAPluginServicer_to_server``, with :func:`lenient` request deserializers."""
+    pb = plugin.pb
+    handlers = {
+        "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+            plugin.NodePrepareResources,
+            request_deserializer=lenient(pb.NodePrepareResourcesRequest),
+            response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+        ),
+        "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+            plugin.NodeUnprepareResources,
+            request_deserializer=lenient(pb.NodeUnprepareResourcesRequest),
+            response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
 
 
 def add_to_server(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
     """Serve both versions of the DRA plugin service for ``preparer`` on ``server``."""
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(preparer, dra_v1beta1_pb2), server)
+    _add(server, "v1.DRAPlugin", _Plugin(preparer, dra_v1_pb2))
+    _add(server, "v1beta1.DRAPlugin", _Plugin(preparer, dra_v1beta1_pb2))

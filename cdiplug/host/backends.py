@@ -41,6 +41,7 @@ from .specs import SpecKeepers
 
 log = logging.getLogger(__name__)
 
+CDI_WATCH_TASK = "cdi-folder-watch"
 BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 60.0
 
@@ -126,10 +127,6 @@ class BackendHost:
 
     # -- what front ends ask --
 
-    def config(self, resource: str) -> ResourceConfig[object]:
-        run = self._by_resource[resource]
-        return next(r for r in run.resources if r.name == resource)
-
     def abilities(self, resource: str) -> Abilities:
         return self._by_resource[resource].abilities
 
@@ -165,13 +162,15 @@ class BackendHost:
             self._add(run)
 
     def start(self) -> None:
-        """Run every created backend under the supervisor."""
+        """Run every created backend under the supervisor, and the CDI folder watch."""
         self._started = True
         for run in self._runs.values():
             self._spawn(run)
+        self.supervisor.spawn(CDI_WATCH_TASK, self.specs.watch())
 
     async def stop(self) -> None:
         self._started = False
+        await self.supervisor.cancel(CDI_WATCH_TASK)
         for run in self._runs.values():
             run.sink.active = False
         await self.supervisor.cancel(*(run.task_name for run in self._runs.values()))
@@ -191,9 +190,11 @@ class BackendHost:
             run = self._runs.pop(plugin)
             run.sink.active = False
             await self.supervisor.cancel(run.task_name)
+            staying = {name for r in runs for name in r.names}
             for name in run.names:
                 self._by_resource.pop(name, None)
-                self._latest_keep_or_drop(name, keep=any(name in r.names for r in runs))
+                if name not in staying:  # one that stays keeps its last snapshot until the new backend reports
+                    self._latest.pop(name, None)
             log.info("stopped backend %s", plugin)
         for run in runs:
             self._add(run)
@@ -201,11 +202,6 @@ class BackendHost:
                 self._spawn(run)
                 log.info("started backend %s for %s", run.plugin, ", ".join(sorted(run.names)))
         return frozenset(name for run in runs for name in run.names)
-
-    def _latest_keep_or_drop(self, name: str, keep: bool) -> None:
-        # A resource that stays keeps its last snapshot until the new backend reports.
-        if not keep:
-            self._latest.pop(name, None)
 
     def _create(self, groups: Mapping[str, tuple[ResourceConfig[object], ...]]) -> list[_BackendRun]:
         runs = []

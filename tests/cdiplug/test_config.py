@@ -194,11 +194,11 @@ def test_missing_unreadable_and_binary_files(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(missing)
     assert str(info.value) == f"cannot read configuration: No such file or directory @ $ (in {missing})"
-    with pytest.raises(ConfigError, match="Is a directory"):
+    with pytest.raises(ConfigError, match="cannot read configuration: it is a folder, not a regular file"):
         load_config(tmp_path)
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"resources:\n  - name: \xff\xfe\n")
-    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 21\) @ \$ \(in .*bin.yaml\)"):
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 21 is 0xff, on line 2\) @ \$ \(in .*bin.yaml\)"):
         load_config(binary)
 
 

@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import attrs
 import pytest
 from attrs import frozen
 from prometheus_client import CollectorRegistry
@@ -265,8 +266,9 @@ async def test_a_snapshot_for_another_backends_resource_is_ignored(running: Runn
 async def test_a_failed_cdi_write_is_logged_not_fatal(
     world: World, plugins: PluginRegistry, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
-    world.cdi_dir.rmdir()
-    world.cdi_dir.write_text("a file where the CDI folder should be")
+    blocker = world.cdi_dir.parent / "blocker"
+    blocker.write_text("a file where a folder of the CDI folder's path should be")
+    world = attrs.evolve(world, cdi_dir=blocker / "cdi")  # a file in the CDI folder's place is moved aside instead
     config = config_of(plugins, {"name": A, "backend": "scripted"})
     async for r in start(world, plugins, config, registry):
         assert r.kubelet.capacity(A) == 2  # advertised all the same

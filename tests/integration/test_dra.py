@@ -299,3 +299,21 @@ async def test_reload_moves_a_resource_between_the_apis(dra_world: World, api: A
         finally:
             await supervisor.close()
             await node.stop()
+
+
+async def test_a_request_that_does_not_parse_is_invalid_argument(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
+    import grpc
+
+    async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet, running_daemon(config, dra_world):
+        conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+        bad = b"\x0a\x02\xff\xfe"  # Claim.namespace: not UTF-8
+        raw = b"\x0a" + bytes([len(bad)]) + bad  # NodePrepareResourcesRequest.claims[0]
+        async with grpc.aio.insecure_channel(f"unix://{conn.info.endpoint}") as channel:
+            call = channel.unary_unary("/v1.DRAPlugin/NodePrepareResources")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(raw, timeout=10)
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "claims[0].namespace" in (info.value.details() or "")
+        # The server goes on: a good claim still prepares.
+        obj = api.put_claim(claim(UID1, [("fpga", "fpga-0")]))
+        assert (await conn.prepare([ref_of(obj)]))[UID1].error == ""

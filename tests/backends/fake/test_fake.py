@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cdiplug.config import parse_config
-from cdiplug.errors import ConfigError
+from cdiplug.errors import ConfigError, InputError
 from cdiplug.model import Health
 from cdiplug_backends.fake import FakeBackend, plugin
 from cdiplug_backends.fake.backend import read_health_file
@@ -126,7 +126,12 @@ async def test_every_resource_is_published(world):
         ({"count": -1}, "must be between 0 and 65536, got -1", "$.resources[0].options.count"),
         ({"count": 65537}, "must be between 0 and 65536, got 65537", "$.resources[0].options.count"),
         ({"count": "2"}, "expected an integer, got str '2'", "$.resources[0].options.count"),
-        ({"numa_nodes": [0, -1]}, "a NUMA node is 0 or more, got -1", "$.resources[0].options.numa_nodes[1]"),
+        ({"numa_nodes": [0, -1]}, "a NUMA node is between 0 and 2147483647, got -1", "$.resources[0].options.numa_nodes[1]"),
+        (
+            {"numa_nodes": [2**31]},
+            "a NUMA node is between 0 and 2147483647, got 2147483648",
+            "$.resources[0].options.numa_nodes[0]",
+        ),
         ({"numa_nodes": 0}, "expected a list, got int 0", "$.resources[0].options.numa_nodes"),
         ({"health_file": 3}, "expected a path, got int 3", "$.resources[0].options.health_file"),
         ({"cout": 3}, "unknown key 'cout' (allowed: count, numa_nodes, health_file, attributes)", "$.resources[0].options"),
@@ -141,15 +146,15 @@ def test_options_errors_name_their_path(options, message, path):
 def test_health_file_errors_name_the_entry_and_file(short_tmp):
     path = short_tmp / "health.yaml"
     path.write_text("fpga-0: Sick\n")
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(InputError) as info:
         read_health_file(path)
     assert (info.value.path, info.value.source) == ("$.fpga-0", str(path))
     assert "Healthy or Unhealthy, got 'Sick'" in info.value.message
     path.write_text("- fpga-0\n")
-    with pytest.raises(ConfigError, match="must map device IDs"):
+    with pytest.raises(InputError, match="must map device IDs"):
         read_health_file(path)
     path.write_text("fpga-0: [\n")
-    with pytest.raises(ConfigError, match="not valid YAML/JSON"):
+    with pytest.raises(InputError, match="not valid YAML/JSON"):
         read_health_file(path)
     assert read_health_file(short_tmp / "missing.yaml") == {}
     path.write_text("")
@@ -197,6 +202,51 @@ async def test_broken_health_file_keeps_the_last_state(world, short_tmp, error_l
         assert "$.fpga-1" in error_logged.messages[1]
         # Nothing was published for either broken file: the next snapshot is the next good one.
         write_atomically(health, "fpga-1: Unhealthy\n")
+        assert unhealthy(await sink.next()) == ["fpga-1"]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(lambda p: p.write_bytes(b"fpga-1: Unhealthy\n\xff\xfe\n"), id="not-utf8"),
+        pytest.param(lambda p: p.write_text("x: " + "[" * 500 + "]" * 500 + "\n"), id="deep"),
+        pytest.param(lambda p: p.write_text("fpga-0: " + "9" * 10_000 + "\n"), id="huge-int"),
+        pytest.param(lambda p: p.write_bytes(b"#" * (2 << 20)), id="too-big"),
+        pytest.param(lambda p: p.mkdir(), id="folder"),
+        pytest.param(lambda p: os.mkfifo(p), id="fifo"),
+        pytest.param(lambda p: p.symlink_to("/dev/zero"), id="dev-zero"),
+        pytest.param(
+            lambda p: p.write_text(
+                "a: &a [x, x, x, x, x, x, x, x, x]\n"
+                + "".join(f"{n}: &{n} [{', '.join(['*' + m] * 9)}]\n" for m, n in zip("abcdefgh", "bcdefghi"))
+            ),
+            id="billion-laughs",
+        ),
+    ],
+)
+async def test_hostile_health_file_is_logged_and_the_last_state_kept(world, short_tmp, error_logged, hostile):
+    """Issue #12: one bad byte (or a FIFO, /dev/zero, a bomb) must not stop anything."""
+    folder = short_tmp / "h"
+    folder.mkdir()
+    health = folder / "health.yaml"
+    health.write_text("fpga-0: Unhealthy\n")
+    backend = plugin.create(resources({"count": 2, "health_file": str(health)}), world)
+    async with running(backend) as sink:
+        assert unhealthy(await sink.next()) == ["fpga-0"]
+        health.unlink()
+        assert unhealthy(await sink.next()) == []
+        await asyncio.to_thread(hostile, folder / "tmp")
+        (folder / "tmp").rename(health)  # in one step: a half-written file is another test
+        await asyncio.wait_for(error_logged.event.wait(), DEADLINE)
+        assert str(health) in error_logged.messages[-1] and len(error_logged.messages[-1]) < 500
+        assert "Traceback" not in error_logged.messages[-1]
+        assert sink.queue.empty()  # the last state stands
+        if health.is_dir() and not health.is_symlink():
+            health.rmdir()
+        else:
+            health.unlink()
+        (folder / "new").write_text("fpga-1: Unhealthy\n")
+        (folder / "new").rename(health)
         assert unhealthy(await sink.next()) == ["fpga-1"]
 
 

@@ -152,3 +152,38 @@ def test_fake_kernel_errors_like_the_kernel(tree: SysfsTree) -> None:
     kernel.crash_after = 1
     with pytest.raises(SimulatedCrash):
         kernel.write(sysfs.function_dir(vf) / "driver_override", "vfio-pci")
+
+
+# -- forged trees (issue #12, item 5) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", ["..", "vfio", "5 ", "-1", "٣", "1e3", "x" * 300])
+def test_an_iommu_group_that_is_no_plain_number_is_refused_with_a_reason(tree: SysfsTree, group: str, caplog) -> None:
+    tree.add_function("0000:3b:00.0", iommu_group=5)
+    link = tree.function_dir("0000:3b:00.0") / "iommu_group"
+    target = tree.root / "kernel" / "iommu_groups" / group[:200]
+    target.mkdir(parents=True, exist_ok=True)
+    link.unlink()
+    link.symlink_to(target if group != ".." else tree.root / "kernel" / "iommu_groups" / "..")
+    topo = PciSysfs(tree.root).scan()
+    fn = topo.functions["0000:3b:00.0"]
+    assert fn.iommu_group is None and fn.problem is not None and "not a group number" in fn.problem
+    assert topo.groups == {}
+    assert "not advertised" in caplog.text and len(caplog.text) < 1000
+
+
+@pytest.mark.parametrize("text", ["2147483648", "99999999999999999999", "-7", "banana", "1" * 4000])
+def test_a_numa_node_out_of_range_or_no_number_is_unknown(tree: SysfsTree, text: str, caplog) -> None:
+    tree.add_function("0000:00:02.0", numa_node=0)
+    (tree.function_dir("0000:00:02.0") / "numa_node").write_text(text + "\n")
+    assert PciSysfs(tree.root).read_function("0000:00:02.0").numa_node is None
+    assert "NUMA node unknown" in caplog.text and len(caplog.text) < 1000
+
+
+def test_a_fifo_in_a_forged_tree_does_not_block_the_scan(tree: SysfsTree) -> None:
+    tree.add_function("0000:00:02.0", numa_node=0)
+    numa = tree.function_dir("0000:00:02.0") / "numa_node"
+    numa.unlink()
+    os.mkfifo(numa)
+    fn = PciSysfs(tree.root).read_function("0000:00:02.0")
+    assert fn is not None and fn.numa_node is None

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -295,6 +296,32 @@ def test_corrupt_state_file_is_moved_aside(world: World, caplog) -> None:
     assert journal.pending() == [] and journal.all_bound() == {}
     assert sorted(p.name.split(".json")[0] for p in journal.journal_dir.iterdir()) == ["40"]
     assert "unreadable" in caplog.text and not (journal.journal_dir / "40.json").exists()
+
+
+def test_hostile_state_files_are_moved_aside_never_read_through(world: World, short_tmp: Path, caplog) -> None:
+    """Issue #12: a FIFO, a folder, a symlink (even to a good file), a huge or deep or non-UTF-8
+    file where a journal entry or record should be: moved aside with the reason, no hang, no crash."""
+    journal = Journal(world.state_dir)
+    journal.ensure()
+    good = {"op": "bind", "group": "44", "functions": [{"address": VF, "original_driver": "iavf"}]}
+    elsewhere = short_tmp / "elsewhere.json"
+    elsewhere.write_text(json.dumps(good))
+    j = journal.journal_dir
+    os.mkfifo(j / "40.json")
+    (j / "41.json").mkdir()
+    (j / "42.json").write_bytes(b'{"op": "bind", "group": "\xff"}')
+    (j / "43.json").write_text("[" * 30_000 + "]" * 30_000)
+    (j / "44.json").symlink_to(elsewhere)
+    (j / "45.json").write_text(" " * (1 << 20) + "{}")
+    (j / "46.json").write_text('{"op": "bind", "group": "46", "started_at": 1' + "0" * 5000 + "}")
+    (journal.bound_dir / f"{VF}.json").symlink_to("/dev/zero")
+    assert journal.pending() == [] and journal.all_bound() == {}
+    left = sorted(p.name for p in [*j.iterdir(), *journal.bound_dir.iterdir()])
+    assert all(".corrupt-" in n for n in left) and len(left) == 8
+    for reason in ("a FIFO", "a folder", "not UTF-8", "nested more than", "symbolic link", "too big", "integer of 5,"):
+        assert reason in caplog.text
+    assert max(len(r.getMessage()) for r in caplog.records) < 1000
+    assert elsewhere.exists()  # what a symlink pointed at is never touched
 
 
 def test_state_files_naming_bad_paths_or_other_functions_are_moved_aside(world: World, caplog) -> None:

@@ -65,6 +65,7 @@ class Recording:
 
 
 PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
+RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, dra_driver=DRIVER)
 
 
 class Claims:
@@ -92,7 +93,7 @@ class Claims:
 async def host(world: World) -> AsyncIterator[BackendHost]:
     supervisor = Supervisor()
     host = BackendHost(world, supervisor, plugins={"rec": PLUGIN})
-    host.create([ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA)])
+    host.create([RC])
     reported = asyncio.Event()
 
     class Listener:
@@ -108,8 +109,7 @@ async def host(world: World) -> AsyncIterator[BackendHost]:
 
 
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore) -> ClaimPreparer:
-    rc = host.config(RESOURCE)
-    return ClaimPreparer(rc, "n1", host, store, lambda: claims, world.cdi_dir)  # type: ignore[arg-type, return-value]
+    return ClaimPreparer(RC, "n1", host, store, lambda: claims, world.cdi_dir)  # type: ignore[arg-type, return-value]
 
 
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"

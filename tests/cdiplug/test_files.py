@@ -1,0 +1,111 @@
+"""Bounded reading and safe loading of the files cdiplug is given (cdiplug.files, cdiplug.safeload),
+and their use for the configuration and kubeconfigs (issue #12, item 1).
+
+Real files in a temporary folder: FIFOs without a writer, /dev/zero, folders, symlinks, files past
+the size limit, non-UTF-8 bytes, deep nesting, huge integers, YAML alias bombs, recursive aliases.
+Each must be a one-line InputError naming the file (and where known the place in it), never a
+hang, a MemoryError or another exception class; legitimate anchors still work.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cdiplug.config import load_config
+from cdiplug.errors import ConfigError, InputError
+from cdiplug.files import CONFIG_LIMIT, read_bounded, read_text
+from cdiplug.node_capacity import KubeconfigError, load_kubeconfig
+from cdiplug.safeload import MAX_ALIAS_NODES, load_json, load_yaml
+
+
+def laughs(levels: int = 9) -> str:
+    text = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    for prev, name in zip("abcdefghijk", "bcdefghijkl"[: levels - 1]):
+        text += f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]\n"
+    return text
+
+
+HOSTILE = {
+    "fifo": (lambda p: os.mkfifo(p), "it is a FIFO, not a regular file"),
+    "folder": (lambda p: p.mkdir(), "it is a folder, not a regular file"),
+    "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "it is a character device"),
+    "too-big": (lambda p: p.write_bytes(b"#" * (CONFIG_LIMIT + 1)), "too big: 1,048,577 bytes (at most 1,048,576)"),
+    "not-utf8": (lambda p: p.write_bytes(b"resources:\n- name: \xc3\x28\n"), "not UTF-8 text (byte 19 is 0xc3, on line 2)"),
+    "deep": (lambda p: p.write_text("resources: " + "[" * 10_000 + "]" * 10_000), "nested more than 64 levels deep"),
+    "huge-int": (lambda p: p.write_text("resources:\n- replicas: " + "1" * 100_000), "integer of 100,000 characters"),
+    "laughs": (lambda p: p.write_text(laughs()), f"more nodes (at most {MAX_ALIAS_NODES:,})"),
+    "recursive-alias": (lambda p: p.write_text("resources: &r [*r]\n"), "an alias refers to a node that contains it"),
+    "tab-soup": (lambda p: p.write_text("\t\x00\x01"), "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_configuration_is_one_clear_error(tmp_path: Path, case: str) -> None:
+    make, expected = HOSTILE[case]
+    path = tmp_path / "config.yaml"
+    make(path)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert expected in text and f"(in {path})" in text
+    assert "\n" not in text and len(text) < 400
+
+
+@pytest.mark.parametrize("case", ["fifo", "dev-zero", "not-utf8", "laughs", "too-big"])
+def test_hostile_kubeconfig_is_one_clear_error(tmp_path: Path, case: str) -> None:
+    make, expected = HOSTILE[case]
+    path = tmp_path / "kubeconfig"
+    make(path)
+    with pytest.raises(KubeconfigError) as info:
+        load_kubeconfig(path)
+    assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_kubeconfig_naming_a_fifo_as_its_token_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "token")
+    (tmp_path / "kubeconfig").write_text(
+        "current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "clusters: [{name: k, cluster: {server: 'https://x'}}]\nusers: [{name: u, user: {tokenFile: token}}]\n"
+    )
+    with pytest.raises(KubeconfigError, match="it is a FIFO.*named in"):
+        load_kubeconfig(tmp_path / "kubeconfig")
+
+
+def test_read_bounded_reads_regular_files_and_follows_links_only_when_asked(tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    target.write_bytes(b"x" * 10)
+    link = tmp_path / "l"
+    link.symlink_to(target)
+    assert read_bounded(link, 10, "file") == b"x" * 10
+    with pytest.raises(InputError, match="it is a symbolic link"):
+        read_bounded(link, 10, "file", follow=False)
+    with pytest.raises(InputError, match="too big: 10 bytes"):
+        read_bounded(target, 9, "file")
+    assert read_bounded(tmp_path / "missing", 9, "file", missing_ok=True) is None
+    assert read_text(target, 10, "file") == "x" * 10
+    with pytest.raises(InputError, match="No such file"):
+        read_bounded(tmp_path / "missing", 9, "file")
+
+
+def test_anchors_within_the_budget_still_work() -> None:
+    text = "base: &o {count: 2, numa_nodes: [0, 1]}\nresources:\n- {name: a.io/x, options: *o}\n- {name: a.io/y, options: *o}\n"
+    data = load_yaml(text, "c.yaml")
+    assert data["resources"][1]["options"] == {"count": 2, "numa_nodes": [0, 1]}
+    assert load_yaml("", "c.yaml") is None
+    with pytest.raises(InputError, match="more nodes"):
+        load_yaml(laughs(5), "c.yaml")  # 9^5 = 59,049 repeated nodes
+
+
+def test_json_bounds() -> None:
+    assert load_json('{"a": [1, 2, {"b": 3}]}', "f.json") == {"a": [1, 2, {"b": 3}]}
+    for text, expected in (
+        ("[" * 100 + "]" * 100, "nested more than 64"),
+        ("[" * 100_000 + "]" * 100_000, "nested more than 64"),
+        ("1" * 5000, "integer of 5,000 digits"),
+        ('{"a": }', "not valid JSON at line 1, column 7"),
+    ):
+        with pytest.raises(InputError, match=expected):
+            load_json(text, "f.json")
