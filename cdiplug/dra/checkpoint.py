@@ -26,13 +26,15 @@ import attrs
 from attrs import frozen
 
 from ..atomic import write_atomic
-from ..errors import CdiplugError
+from ..errors import CdiplugError, InputError
+from ..files import read_bounded
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "dra-claims.json"
 VERSION = 1
 FILE_MODE = 0o600
+LIMIT = 64 << 20  # some hundred thousand claims; a bigger file is not ours
 
 
 @frozen
@@ -130,16 +132,17 @@ def render(claims: Mapping[str, PreparedClaim]) -> bytes:
 
 
 def load(path: Path) -> dict[str, PreparedClaim]:
-    """Read the checkpoint (blocking); a missing file is empty, a corrupt one is moved aside."""
+    """Read the checkpoint (blocking); a missing file is empty, a corrupt one is moved aside.
+
+    Read bounded (:data:`LIMIT`), a symlink planted in the state folder refused: such a file is
+    corrupt too.
+    """
     try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise CdiplugError(f"cannot read the DRA checkpoint {path}: {exc.strerror}") from exc
-    try:
+        text = read_bounded(path, LIMIT, "DRA checkpoint", follow=False, missing_ok=True)
+        if text is None:
+            return {}
         return parse(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, InputError) as exc:
         aside = path.with_name(path.name + ".corrupt")
         try:
             os.replace(path, aside)

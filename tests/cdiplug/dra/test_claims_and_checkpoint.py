@@ -137,3 +137,11 @@ def test_a_spec_file_name_in_the_checkpoint_is_a_name() -> None:
     bad = render({UID: PREPARED}).replace(f"cdiplug-claim-{UID}.json".encode(), b"../x.json")
     with pytest.raises(ValueError, match="file name"):
         parse(bad)
+
+
+def test_a_checkpoint_that_is_no_regular_file_is_moved_aside(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(render({UID: PREPARED}))
+    (tmp_path / "dra-claims.json").symlink_to(target)  # planted: never followed
+    assert load(tmp_path / "dra-claims.json") == {}
+    assert (tmp_path / "dra-claims.json.corrupt").is_symlink() and target.exists()
