@@ -145,20 +145,27 @@ launch() {
   printf '%s\n%s\n' "$!" "$exe" >"$RUN/$name.pid"
 }
 
-# stop NAME [SECONDS]: SIGTERM, then SIGKILL after SECONDS (default 15).
-stop_component() {
-  local name=$1 grace=${2:-15} pid
-  pid=$(pid_of "$name")
-  if [[ -n $pid ]]; then
-    say "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
+# stop_components SECONDS NAME...: SIGTERM to each, then SIGKILL to those still running after
+# SECONDS.
+stop_components() {
+  local grace=$1 name pid pids=()
+  shift
+  for name in "$@"; do
+    pid=$(pid_of "$name")
+    if [[ -n $pid ]]; then
+      say "stopping $name (pid $pid)"
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+    rm -f "$RUN/$name.pid"
+  done
+  for pid in "${pids[@]}"; do
     if ! timeout "$grace" tail --pid="$pid" -s 0.1 -f /dev/null; then
-      say "$name did not stop in ${grace}s: SIGKILL"
+      say "pid $pid did not stop in ${grace}s: SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
       timeout 10 tail --pid="$pid" -s 0.1 -f /dev/null || true
     fi
-  fi
-  rm -f "$RUN/$name.pid"
+  done
 }
 
 alive_or_die() {
@@ -663,20 +670,22 @@ kill_containers() {
   done
 }
 
-# Every process left running one of the kit's binaries (the shims containerd started).
-stray_pids() {
-  local p exe
+# The shims our containerd started that are still running (each one runs the kit's shim binary).
+shim_pids() {
+  local p exe shim
+  shim=$(readlink -f "$BIN/containerd-shim-runc-v2")
   for p in /proc/[0-9]*; do
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
-    [[ $exe == "$BIN/"* ]] && echo "${p#/proc/}"
+    [[ $exe == "$shim" ]] && echo "${p#/proc/}"
   done
   return 0
 }
 
-# Mount points under the kubelet root, the state folder and containerd's netns, deepest first.
+# Mount points under the kubelet root and the state folder, and the pods' network namespaces
+# (containerd's cni-*), deepest first.
 our_mounts() {
   awk '{print $5}' /proc/self/mountinfo | sed 's/\\040/ /g' |
-    grep -E "^($KUBELET_ROOT|$STATE|/run/netns/cni-|/var/run/netns/cni-)(/|$)" |
+    grep -E "^(($KUBELET_ROOT|$STATE)(/|$)|/run/netns/cni-[^/]+$)" |
     awk '{print length, $0}' | sort -rn | cut -d' ' -f2- || true
 }
 
@@ -686,18 +695,16 @@ cmd_down() {
   [[ ${1:-} == --purge ]] && purge=1
   if [[ -d $STATE ]]; then
     resolve_bin
-    stop_component kubelet 15
-    stop_component kube-scheduler 10
-    stop_component kube-controller-manager 10
+    stop_components 15 kubelet kube-scheduler kube-controller-manager
     kill_containers
-    stop_component containerd 15
+    stop_components 15 containerd
     local pid
-    for pid in $(stray_pids); do
+    for pid in $(shim_pids); do
       say "stopping $(readlink "/proc/$pid/exe" 2>/dev/null) (pid $pid)"
       kill -KILL "$pid" 2>/dev/null || true
     done
-    stop_component kube-apiserver 15
-    stop_component etcd 15
+    stop_components 15 kube-apiserver
+    stop_components 15 etcd
   fi
   local m n=0
   while read -r m; do
@@ -705,8 +712,13 @@ cmd_down() {
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || say "could not unmount $m"
     n=$((n + 1))
   done < <(our_mounts)
-  ((n == 0)) || say "unmounted $n mount points"
   rm -f /run/netns/cni-* 2>/dev/null || true
+  # containerd made /run/netns a shared bind mount of itself for them; undone when nothing else
+  # (ip netns, another runtime) keeps a namespace there.
+  if [[ -d /run/netns ]] && [[ -z $(ls -A /run/netns) ]] && grep -q ' /run/netns ' /proc/self/mountinfo; then
+    umount /run/netns 2>/dev/null && n=$((n + 1))
+  fi
+  ((n == 0)) || say "unmounted $n mount points"
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$STATE/cni/ipam"
   if ((purge)); then
@@ -766,7 +778,7 @@ main() {
       ;;
     stop)
       [[ $# -eq 1 ]] || die "usage: $0 stop NAME"
-      need_root; resolve_bin; stop_component "$1"
+      need_root; resolve_bin; stop_components 15 "$1"
       ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;

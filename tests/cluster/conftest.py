@@ -1,10 +1,11 @@
 """Fixtures of the cluster tests: a real one-node cluster (``hack/local-cluster.sh``) and cdiplug
 deployed on it from ``deploy/overlays/fake``.
 
-``cluster`` (session) brings the node up when it is not (``hack/local-cluster.sh up``), builds the
-cdiplug image from this working tree and imports it (``hack/local-cluster.sh images``), and hands
-out a ``Kube``: kubectl with the cluster's kubeconfig, and ``watch``, which waits for an object to
-reach a state as an event (``kubectl get --watch``), never by sleeping. ``cdiplug`` (session)
+``kube`` (session) brings the node up when it is not (``hack/local-cluster.sh up``; then down
+again at the end unless ``CDIPLUG_CLUSTER_KEEP=1``), builds the cdiplug image from this working
+tree and imports it (``hack/local-cluster.sh images``), and hands out a ``Kube``: kubectl with
+the cluster's kubeconfig, and ``watch``, which waits for an object to reach a state as an event
+(``kubectl get --watch``), never by sleeping. ``cdiplug`` (session)
 deletes what an earlier session left, applies the fake overlay and waits for the rollout; at the end
 it deletes what the session made. ``pods`` makes test pods in their own namespace and deletes them
 (waiting until the kubelet has stopped them, so the next test finds every device free).
@@ -216,7 +217,7 @@ def pod_manifest(name: str, limits: Mapping[str, int], *, command: str = "sleep 
 
 
 @pytest.fixture(scope="session")
-def kube() -> Kube:
+def kube() -> Iterator[Kube]:
     if os.geteuid() != 0:
         pytest.fail("the cluster tests run a kubelet and containerd: run them as root", pytrace=False)
     missing = [tool for tool in ("kubectl", "podman", "runc", "etcd", "debootstrap", "openssl", "curl") if shutil.which(tool) is None]
@@ -226,6 +227,9 @@ def kube() -> Kube:
             "(kubectl: a release binary)",
             pytrace=False,
         )
+    # Left as found: brought down at the end only if this session brought it up (CI brings it up
+    # and down itself; CDIPLUG_CLUSTER_KEEP=1 keeps it for the next run).
+    was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True, check=False).returncode == 0
     script("up")
     script("images")
     env = dict(line.removeprefix("export ").split("=", 1) for line in script("env").splitlines() if "=" in line)
@@ -233,7 +237,9 @@ def kube() -> Kube:
     state = Path(env["CDIPLUG_CLUSTER_DIR"])
     nodes = json.loads(subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"], capture_output=True, text=True, check=True).stdout)
     (node,) = nodes["items"]
-    return Kube(kubeconfig, state, node["metadata"]["name"])
+    yield Kube(kubeconfig, state, node["metadata"]["name"])
+    if not was_up and not os.environ.get("CDIPLUG_CLUSTER_KEEP"):
+        script("down")
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+# The first test's setup may bring the node up and build the image (minutes from scratch).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 OVERLAY = Path(__file__).resolve().parent / "overlays" / "cdi-cri"
 NAMESPACE = "cdiplug-cdi-cri-test"

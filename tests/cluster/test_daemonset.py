@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+# The first test's setup may bring the node up and build the image (minutes from scratch).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "local-cluster.sh"

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+# The first test's setup may bring the node up and build the image (minutes from scratch).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 TEST_NAMESPACE = "cdiplug-cluster-test"
 FPGA = "example.com/fpga"
