@@ -444,8 +444,22 @@ start_kube_scheduler() {
     --leader-elect=false --profiling=false
 }
 
+# containerd keeps each pod's network namespace as a bind mount in /run/netns, which must be a
+# shared mount point. Left to containerd, the bind of /run/netns onto itself can come after some
+# namespaces are mounted, hiding them: they can then never be unmounted, and those pods never
+# terminate ("remove netns: unlinkat ...: device or resource busy"). So it is made here, first,
+# as `ip netns add` does.
+prepare_netns_dir() {
+  mkdir -p /run/netns
+  if ! mountpoint -q /run/netns; then
+    mount --rbind /run/netns /run/netns
+  fi
+  mount --make-rshared /run/netns
+}
+
 start_containerd() {
   [[ -z $(pid_of containerd) ]] || return 0
+  prepare_netns_dir
   say "starting containerd"
   launch containerd --config "$CTR_DIR/config.toml"
   wait_until 30 "containerd to answer" ctr_ version
@@ -689,6 +703,15 @@ our_mounts() {
     awk '{print length, $0}' | sort -rn | cut -d' ' -f2- || true
 }
 
+unmount_ours() {
+  local m n=0
+  while read -r m; do
+    [[ -n $m ]] || continue
+    if umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; then n=$((n + 1)); fi
+  done < <(our_mounts)
+  ((n == 0)) || say "unmounted $n mount points"
+}
+
 cmd_down() {
   need_root
   local purge=0
@@ -706,19 +729,22 @@ cmd_down() {
     stop_components 15 kube-apiserver
     stop_components 15 etcd
   fi
-  local m n=0
-  while read -r m; do
-    [[ -n $m ]] || continue
-    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || say "could not unmount $m"
-    n=$((n + 1))
-  done < <(our_mounts)
-  rm -f /run/netns/cni-* 2>/dev/null || true
-  # containerd made /run/netns a shared bind mount of itself for them; undone when nothing else
-  # (ip netns, another runtime) keeps a namespace there.
-  if [[ -d /run/netns ]] && [[ -z $(ls -A /run/netns) ]] && grep -q ' /run/netns ' /proc/self/mountinfo; then
-    umount /run/netns 2>/dev/null && n=$((n + 1))
+  unmount_ours
+  # A namespace mount hidden under a later bind of /run/netns (see prepare_netns_dir) is reached
+  # once that bind is gone.
+  if [[ -n $(our_mounts) ]] && mountpoint -q /run/netns; then
+    umount -l /run/netns
+    unmount_ours
   fi
-  ((n == 0)) || say "unmounted $n mount points"
+  local left
+  left=$(our_mounts)
+  [[ -z $left ]] || say "still mounted: $(echo "$left" | tr '\n' ' ')"
+  rm -f /run/netns/cni-* 2>/dev/null || true
+  # The shared bind of /run/netns onto itself goes too, unless something else (ip netns, another
+  # runtime) keeps a namespace there.
+  if [[ -d /run/netns && -z $(ls -A /run/netns) ]] && mountpoint -q /run/netns; then
+    umount /run/netns 2>/dev/null || true
+  fi
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$STATE/cni/ipam"
   if ((purge)); then
