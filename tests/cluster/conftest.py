@@ -35,6 +35,7 @@ SCRIPT = REPO / "hack" / "local-cluster.sh"
 FAKE_OVERLAY = REPO / "deploy" / "overlays" / "fake"
 NAMESPACE = "cdiplug-system"
 TEST_NAMESPACE = "cdiplug-cluster-test"
+CDI_CRI_NAMESPACE = "cdiplug-cdi-cri-test"  # tests/cluster/overlays/cdi-cri
 FPGA = "example.com/fpga"
 # The fake overlay's health file (config.yaml), on the node's /var/lib/cdiplug (a hostPath).
 HEALTH_FILE = Path("/var/lib/cdiplug/fake-health.yaml")
@@ -151,6 +152,13 @@ class Kube:
         which = ["-l", selector] if selector else list(names)
         self("delete", "pod", "-n", namespace, *which, "--ignore-not-found", "--grace-period=1", "--wait=true", "--timeout=90s", timeout=120)
 
+    def remove_daemonset(self, namespace: str) -> None:
+        """Delete cdiplug's DaemonSet and wait until its pod is gone (its sockets with it), then its
+        namespace without waiting (the namespace controller takes its time; a later session waits
+        for it if it must)."""
+        self("delete", "daemonset", "cdiplug", "-n", namespace, "--ignore-not-found", "--cascade=foreground", "--wait=true", "--timeout=90s", timeout=120)
+        self("delete", "namespace", namespace, "--ignore-not-found", "--wait=false")
+
     def exec(self, pod: str, namespace: str, *command: str) -> str:
         return self("exec", "-n", namespace, pod, "--", *command)
 
@@ -247,7 +255,7 @@ def cdiplug(kube: Kube) -> Iterator[dict[str, Any]]:
     """cdiplug deployed from deploy/overlays/fake, freshly (what a previous session left is deleted
     first, so the pod runs the image just built). Yields its Ready pod."""
     HEALTH_FILE.unlink(missing_ok=True)
-    kube("delete", "namespace", NAMESPACE, TEST_NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    kube("delete", "namespace", NAMESPACE, TEST_NAMESPACE, CDI_CRI_NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
     kube("delete", "-k", str(REPO / "deploy" / "examples"), "--ignore-not-found", "--grace-period=1", "--wait=true", timeout=120)
     kube("apply", "--validate=false", "-k", str(FAKE_OVERLAY))
     kube("create", "namespace", TEST_NAMESPACE)
@@ -255,7 +263,8 @@ def cdiplug(kube: Kube) -> Iterator[dict[str, Any]]:
     kube("rollout", "status", "-n", NAMESPACE, "daemonset/cdiplug", "--timeout=120s", timeout=130)
     yield kube.daemon_pod()
     HEALTH_FILE.unlink(missing_ok=True)
-    kube("delete", "namespace", NAMESPACE, TEST_NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    kube.remove_daemonset(NAMESPACE)
+    kube("delete", "namespace", TEST_NAMESPACE, "--ignore-not-found", "--wait=false")
 
 
 @pytest.fixture

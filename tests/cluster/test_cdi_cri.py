@@ -37,7 +37,7 @@ def cdi_cri_daemon(kube: Any, cdiplug: dict[str, Any]) -> Iterator[dict[str, Any
         kube("rollout", "status", "-n", NAMESPACE, "daemonset/cdiplug", "--timeout=120s", timeout=130)
         yield kube.daemon_pod(NAMESPACE)
     finally:
-        kube("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+        kube.remove_daemonset(NAMESPACE)
         SPEC.unlink(missing_ok=True)
         shutil.rmtree(STATE, ignore_errors=True)
 
