@@ -684,13 +684,15 @@ kill_containers() {
   done
 }
 
-# The shims our containerd started that are still running (each one runs the kit's shim binary).
+# The shims our containerd started that are still running: the kit's shim binary, given our
+# containerd's socket (another containerd on this machine may run the same binary).
 shim_pids() {
   local p exe shim
   shim=$(readlink -f "$BIN/containerd-shim-runc-v2")
   for p in /proc/[0-9]*; do
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
-    [[ $exe == "$shim" ]] && echo "${p#/proc/}"
+    [[ $exe == "$shim" ]] || continue
+    tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -qxF "$CTR_SOCK" && echo "${p#/proc/}"
   done
   return 0
 }
@@ -770,7 +772,11 @@ cmd_logs() {
   local lines=40 names=() c
   while (($#)); do
     case $1 in
-      -n) lines=$2; shift ;;
+      -n)
+        [[ $# -ge 2 ]] || die "logs: -n needs a number"
+        lines=$2
+        shift
+        ;;
       *) names+=("$1") ;;
     esac
     shift
