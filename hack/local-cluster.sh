@@ -22,6 +22,7 @@
 #                        kube-scheduler, containerd, containerd-shim-runc-v2, ctr; default: the kit
 #                        ../shared/k8s/kubernetes-*.tar.xz beside the repository, checked against its
 #                        SHA256SUMS and unpacked once into the cache
+#   CDIPLUG_K8S_KIT      where the kit lies (default ../shared/k8s beside the repository)
 #   CDIPLUG_K8S_CACHE    cache folder: unpacked kit, Debian rootfs, podman storage
 #                        (default /var/tmp/cdiplug-cache)
 #   CDIPLUG_NODE_IP      the node's address (default: the source address of the default route)
