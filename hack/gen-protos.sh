@@ -13,6 +13,3 @@ python -m grpc_tools.protoc -I cdiplug/api \
 for p in "${protos[@]}"; do
   sed -i -E "s/^import (${p})_pb2 as/from . import \1_pb2 as/" "$out/${p}_pb2_grpc.py"
 done
-# The DRA messages live in packages of our own (see the .proto headers); on the wire the
-# services keep upstream's names, v1.DRAPlugin and v1beta1.DRAPlugin.
-sed -i -E "s/cdiplug\.dra\.(v1beta1|v1)\.DRAPlugin/\1.DRAPlugin/g" "$out/dra_v1_pb2_grpc.py" "$out/dra_v1beta1_pb2_grpc.py"

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x64ra_v1beta1.proto\x12\x13\x63\x64iplug.dra.v1beta1\"I\n\x1bNodePrepareResourcesRequest\x12*\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x1a.cdiplug.dra.v1beta1.Claim\"\xce\x01\n\x1cNodePrepareResourcesResponse\x12M\n\x06\x63laims\x18\x01 \x03(\x0b\x32=.cdiplug.dra.v1beta1.NodePrepareResourcesResponse.ClaimsEntry\x1a_\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12?\n\x05value\x18\x02 \x01(\x0b\x32\x30.cdiplug.dra.v1beta1.NodePrepareResourceResponse:\x02\x38\x01\"Z\n\x1bNodePrepareResourceResponse\x12,\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1b.cdiplug.dra.v1beta1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"K\n\x1dNodeUnprepareResourcesRequest\x12*\n\x06\x63laims\x18\x01 \x03(\x0b\x32\x1a.cdiplug.dra.v1beta1.Claim\"\xd4\x01\n\x1eNodeUnprepareResourcesResponse\x12O\n\x06\x63laims\x18\x01 \x03(\x0b\x32?.cdiplug.dra.v1beta1.NodeUnprepareResourcesResponse.ClaimsEntry\x1a\x61\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x41\n\x05value\x18\x02 \x01(\x0b\x32\x32.cdiplug.dra.v1beta1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\x90\x02\n\tDRAPlugin\x12}\n\x14NodePrepareResources\x12\x30.cdiplug.dra.v1beta1.NodePrepareResourcesRequest\x1a\x31.cdiplug.dra.v1beta1.NodePrepareResourcesResponse\"\x00\x12\x83\x01\n\x16NodeUnprepareResources\x12\x32.cdiplug.dra.v1beta1.NodeUnprepareResourcesRequest\x1a\x33.cdiplug.dra.v1beta1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x64ra_v1beta1.proto\x12#k8s.io.kubelet.pkg.apis.dra.v1beta1\"Y\n\x1bNodePrepareResourcesRequest\x12:\n\x06\x63laims\x18\x01 \x03(\x0b\x32*.k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim\"\xee\x01\n\x1cNodePrepareResourcesResponse\x12]\n\x06\x63laims\x18\x01 \x03(\x0b\x32M.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesResponse.ClaimsEntry\x1ao\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12O\n\x05value\x18\x02 \x01(\x0b\x32@.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourceResponse:\x02\x38\x01\"j\n\x1bNodePrepareResourceResponse\x12<\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32+.k8s.io.kubelet.pkg.apis.dra.v1beta1.Device\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x83\x01\n\x06\x44\x65vice\x12\x15\n\rrequest_names\x18\x01 \x03(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x64i_device_ids\x18\x04 \x03(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"[\n\x1dNodeUnprepareResourcesRequest\x12:\n\x06\x63laims\x18\x01 \x03(\x0b\x32*.k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim\"\xf4\x01\n\x1eNodeUnprepareResourcesResponse\x12_\n\x06\x63laims\x18\x01 \x03(\x0b\x32O.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesResponse.ClaimsEntry\x1aq\n\x0b\x43laimsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12Q\n\x05value\x18\x02 \x01(\x0b\x32\x42.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourceResponse:\x02\x38\x01\".\n\x1dNodeUnprepareResourceResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"5\n\x05\x43laim\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t2\xd1\x02\n\tDRAPlugin\x12\x9d\x01\n\x14NodePrepareResources\x12@.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesRequest\x1a\x41.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodePrepareResourcesResponse\"\x00\x12\xa3\x01\n\x16NodeUnprepareResources\x12\x42.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesRequest\x1a\x43.k8s.io.kubelet.pkg.apis.dra.v1beta1.NodeUnprepareResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,26 +35,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
   _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._loaded_options = None
   _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_options = b'8\001'
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=42
-  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=115
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=118
-  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=324
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=229
-  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=324
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=326
-  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=416
-  _globals['_DEVICE']._serialized_start=419
-  _globals['_DEVICE']._serialized_end=550
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=552
-  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=627
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=630
-  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=842
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=745
-  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=842
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=844
-  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=890
-  _globals['_CLAIM']._serialized_start=892
-  _globals['_CLAIM']._serialized_end=945
-  _globals['_DRAPLUGIN']._serialized_start=948
-  _globals['_DRAPLUGIN']._serialized_end=1220
+  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_start=58
+  _globals['_NODEPREPARERESOURCESREQUEST']._serialized_end=147
+  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_start=150
+  _globals['_NODEPREPARERESOURCESRESPONSE']._serialized_end=388
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=277
+  _globals['_NODEPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=388
+  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_start=390
+  _globals['_NODEPREPARERESOURCERESPONSE']._serialized_end=496
+  _globals['_DEVICE']._serialized_start=499
+  _globals['_DEVICE']._serialized_end=630
+  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_start=632
+  _globals['_NODEUNPREPARERESOURCESREQUEST']._serialized_end=723
+  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_start=726
+  _globals['_NODEUNPREPARERESOURCESRESPONSE']._serialized_end=970
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_start=857
+  _globals['_NODEUNPREPARERESOURCESRESPONSE_CLAIMSENTRY']._serialized_end=970
+  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_start=972
+  _globals['_NODEUNPREPARERESOURCERESPONSE']._serialized_end=1018
+  _globals['_CLAIM']._serialized_start=1020
+  _globals['_CLAIM']._serialized_end=1073
+  _globals['_DRAPLUGIN']._serialized_start=1076
+  _globals['_DRAPLUGIN']._serialized_end=1413
 # @@protoc_insertion_point(module_scope)

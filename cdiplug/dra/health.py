@@ -51,6 +51,7 @@ class HealthFeed(pb_grpc.DRAResourceHealthServicer):
                     device=pb.DeviceIdentifier(pool_name=self.pool, device_name=name),
                     health=pb.HEALTHY if healthy else pb.UNHEALTHY,
                     last_updated_time=int(time.time()),
+                    health_check_timeout_seconds=int(self.heartbeat * 3),
                 )
                 for name, healthy in sorted(self._health.items())
             ]

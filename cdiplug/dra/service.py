@@ -1,5 +1,9 @@
 """The gRPC edge of one DRA driver: ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``dra.sock``.
 
+(The services' full names are ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` and
+``...v1beta1.DRAPlugin``, as the kubelet calls them; the short names are what registration
+advertises.)
+
 The only place DRA protobuf lives (with :mod:`.registration` and :mod:`.health` for theirs) and
 gRPC answers are chosen. Both versions have the same messages on the wire and are served by one
 implementation over :class:`~cdiplug.dra.prepare.ClaimPreparer`:
@@ -33,6 +37,8 @@ from .prepare import ClaimPreparer
 
 log = logging.getLogger(__name__)
 
+# What registration advertises (the kubelet picks one); the gRPC services themselves are
+# k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin and ...v1beta1.DRAPlugin.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
@@ -137,5 +143,5 @@ def _add(server: grpc.aio.Server, service: str, plugin: _Plugin) -> None:
 
 def add_to_server(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
     """Serve both versions of the DRA plugin service for ``preparer`` on ``server``."""
-    _add(server, "v1.DRAPlugin", _Plugin(preparer, dra_v1_pb2))
-    _add(server, "v1beta1.DRAPlugin", _Plugin(preparer, dra_v1beta1_pb2))
+    for pb in (dra_v1_pb2, dra_v1beta1_pb2):
+        _add(server, pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name, _Plugin(preparer, pb))

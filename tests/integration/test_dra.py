@@ -309,7 +309,7 @@ async def test_a_request_that_does_not_parse_is_invalid_argument(config: Config,
         bad = b"\x0a\x02\xff\xfe"  # Claim.namespace: not UTF-8
         raw = b"\x0a" + bytes([len(bad)]) + bad  # NodePrepareResourcesRequest.claims[0]
         async with grpc.aio.insecure_channel(f"unix://{conn.info.endpoint}") as channel:
-            call = channel.unary_unary("/v1.DRAPlugin/NodePrepareResources")
+            call = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources")
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await call(raw, timeout=10)
         assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT

@@ -52,12 +52,13 @@ def test_device_plugin_messages_have_the_kubelet_field_numbers() -> None:
 
 
 def test_dra_services_have_the_kubelet_wire_names() -> None:
-    # The kubelet calls /v1.DRAPlugin/..., /v1beta1.DRAPlugin/..., /pluginregistration.Registration/...
-    # and /v1alpha1.DRAResourceHealth/...; our message packages differ (see the .proto headers).
+    # What the kubelet 1.36 calls (the strings are in its binary): the DRA services under their
+    # full package names, registration and health under short ones.
     from cdiplug.api import dra_v1_pb2_grpc, dra_v1beta1_pb2_grpc, drahealth_v1alpha1_pb2_grpc, pluginregistration_v1_pb2_grpc
 
-    assert "'/v1.DRAPlugin/NodePrepareResources'" in Path(dra_v1_pb2_grpc.__file__).read_text()
-    assert "'/v1beta1.DRAPlugin/NodeUnprepareResources'" in Path(dra_v1beta1_pb2_grpc.__file__).read_text()
+    assert "'/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources'" in Path(dra_v1_pb2_grpc.__file__).read_text()
+    v1beta1 = Path(dra_v1beta1_pb2_grpc.__file__).read_text()
+    assert "'/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources'" in v1beta1
     assert "'/pluginregistration.Registration/GetInfo'" in Path(pluginregistration_v1_pb2_grpc.__file__).read_text()
     assert "'/v1alpha1.DRAResourceHealth/NodeWatchResources'" in Path(drahealth_v1alpha1_pb2_grpc.__file__).read_text()
 
