@@ -1,5 +1,5 @@
 """DRA on a real node: cdiplug from ``deploy/overlays/dra`` serving ``example.com/fpga`` as the DRA
-driver ``fpga.example.com`` (and ``example.com/dongle`` as a device plugin from the same process),
+driver ``fpga.example.com`` (and a dongle as a device plugin from the same process),
 with the real kubelet, scheduler, resourceclaim controller and containerd (CDI) of
 ``hack/local-cluster.sh``.
 
@@ -46,6 +46,7 @@ LABEL = "cdiplug.test/dra"
 DRIVER = "fpga.example.com"
 CDI_DIR = Path("/var/run/cdi")
 HEALTH_FILE = Path("/var/lib/cdiplug/fake-health.yaml")
+DONGLE = "example.com/dra-dongle"  # the test overlay's name for the overlay's example.com/dongle
 
 
 def write_health(text: str) -> None:
@@ -204,7 +205,7 @@ def test_slice_publishes_the_devices_with_typed_attributes(dra: Any) -> None:
     }
     assert s["metadata"]["ownerReferences"][0]["kind"] == "Node"
     # One process, both APIs: the dongle is a device plugin beside the DRA driver.
-    assert dra.get(f"node/{dra.node}")["status"]["allocatable"].get("example.com/dongle") == "1"
+    assert dra.get(f"node/{dra.node}")["status"]["allocatable"].get(DONGLE) == "1"
     # No device plugin serves the FPGAs (the kubelet keeps a gone plugin's resource at 0).
     assert dra.get(f"node/{dra.node}")["status"]["allocatable"].get("example.com/fpga", "0") == "0"
 

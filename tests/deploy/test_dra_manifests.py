@@ -86,3 +86,10 @@ def test_examples() -> None:
     pods = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "Pod"}
     assert [c["resourceClaimTemplateName"] for c in pods["dra-fastest-1"]["resourceClaims"]] == ["fastest-fpga"]
     assert pods["dra-classic-pod"]["containers"][0]["resources"]["limits"] == {"example.com/fpga": 1}
+
+
+def test_the_cluster_tests_config_is_the_overlays_with_the_dongle_renamed() -> None:
+    test_copy = DEPLOY.parent / "tests" / "cluster" / "overlays" / "dra" / "config.yaml"
+    ours, theirs = (yaml.safe_load(p.read_text()) for p in (test_copy, DEPLOY / "overlays/dra/config.yaml"))
+    theirs["resources"][1]["name"] = "example.com/dra-dongle"
+    assert ours == theirs
