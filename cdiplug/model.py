@@ -10,6 +10,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TypeVar
 
@@ -73,6 +74,8 @@ the kubelet's topology manager keeps them in an int)."""
 
 
 def _sorted_ints(value: Iterable[int]) -> tuple[int, ...]:
+    if type(value) is tuple and len(value) < 2 and all(type(v) is int for v in value):
+        return value  # () or one node, as most devices have: nothing to sort (attrs.evolve comes here too)
     return tuple(sorted({int(v) for v in value}))
 
 
@@ -204,8 +207,11 @@ class Device:
         return default
 
 
+_by_id = operator.attrgetter("id")
+
+
 def _sorted_devices(devices: Iterable[Device]) -> tuple[Device, ...]:
-    return tuple(sorted(devices, key=lambda d: d.id))
+    return tuple(sorted(devices, key=_by_id))
 
 
 @frozen
@@ -234,6 +240,11 @@ class DeviceSnapshot:
 
     def get(self, device_id: str) -> Device | None:
         return self._index.get(device_id)
+
+    @property
+    def by_id(self) -> Mapping[str, Device]:
+        """Every device by ID (the snapshot's own index: never change it)."""
+        return self._index
 
     def __contains__(self, device_id: object) -> bool:
         return device_id in self._index

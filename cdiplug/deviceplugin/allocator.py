@@ -91,7 +91,7 @@ class Allocator:
             raise ValueError(f"snapshot of {snapshot.resource} given to the allocator of {self.resource.name}")
         advertised = expand(snapshot, self.resource.replicas)
         if advertised is snapshot:
-            underlying: Mapping[str, Device] = {d.id: d for d in snapshot.devices}
+            underlying: Mapping[str, Device] = snapshot.by_id
         else:
             underlying = {replica_id(d.id, i): d for d in snapshot.devices for i in range(self.resource.replicas)}
         self._snapshot, self._advertised, self._underlying = snapshot, advertised, underlying
