@@ -140,8 +140,34 @@ def _entry(data: bytes) -> bytes:
     return bytes(head) + data
 
 
-def _serialize_list(message: Any) -> bytes:
-    """ListAndWatch's serializer: a list :class:`ListCache` serialized passes as it is."""
+class AnswerCache:
+    """Serialized ``ContainerAllocateResponse`` entries of the allocator's answers, by answer.
+
+    The allocator hands out the same :class:`ContainerAllocation` object for a repeated request
+    (per snapshot); its entry in an ``AllocateResponse`` (field 1, as for the list) is built once.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: dict[int, tuple[ContainerAllocation, bytes]] = {}
+        self._limit = limit
+        self.built = 0
+
+    def serialize(self, answers: Sequence[ContainerAllocation]) -> bytes:
+        parts = []
+        for answer in answers:
+            entry = self._entries.get(id(answer))
+            if entry is None or entry[0] is not answer:
+                if len(self._entries) >= self._limit:
+                    self._entries.clear()
+                entry = self._entries[id(answer)] = (answer, _entry(allocation_message(answer).SerializeToString()))
+                self.built += 1
+            parts.append(entry[1])
+        return b"".join(parts)
+
+
+def _serialize_bytes(message: Any) -> bytes:
+    """The serializer of ListAndWatch and Allocate: what :class:`ListCache` or :class:`AnswerCache`
+    serialized passes as it is."""
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
@@ -166,7 +192,7 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
         "ListAndWatch": grpc.unary_stream_rpc_method_handler(
             servicer.ListAndWatch,
             request_deserializer=lenient(pb.Empty),
-            response_serializer=_serialize_list,
+            response_serializer=_serialize_bytes,
         ),
         "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
             servicer.GetPreferredAllocation,
@@ -176,7 +202,7 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
         "Allocate": grpc.unary_unary_rpc_method_handler(
             servicer.Allocate,
             request_deserializer=lenient(pb.AllocateRequest),
-            response_serializer=pb.AllocateResponse.SerializeToString,
+            response_serializer=_serialize_bytes,
         ),
         "PreStartContainer": grpc.unary_unary_rpc_method_handler(
             servicer.PreStartContainer,
@@ -264,6 +290,7 @@ class ResourceServer:
         self._current: bytes | None = None
         self._advertised: DeviceSnapshot | None = None
         self._lists = ListCache()
+        self._answers = AnswerCache()
         self._log = logging.LoggerAdapter(log, {"resource": resource})
 
     # -- state --
@@ -432,7 +459,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             answers = await self._s.allocator.allocate(requests)
         except Exception as exc:
             await self._abort(context, "Allocate", _summary(requests), exc)
-        return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
+        return self._s._answers.serialize(answers)  # type: ignore[return-value]  # bytes: see _serialize_bytes
 
     async def GetPreferredAllocation(
         self,
