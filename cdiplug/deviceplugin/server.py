@@ -44,7 +44,7 @@ from ..errors import (
     PreparationError,
     SocketInUse,
 )
-from ..model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
+from ..model import ContainerAllocation, Device, DeviceSnapshot, Health, PreferredRequest
 from ..wire import Undecodable, lenient
 
 log = logging.getLogger(__name__)
@@ -112,16 +112,16 @@ class ListCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+        self._entries: dict[str, tuple[Health, tuple[int, ...], bytes]] = {}
         self.built = 0
 
     def serialize(self, snapshot: DeviceSnapshot) -> bytes:
         old = self._entries
-        new: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+        new: dict[str, tuple[Health, tuple[int, ...], bytes]] = {}
         for device in snapshot.devices:
-            health = device.health.value
+            health = device.health
             entry = old.get(device.id)
-            if entry is None or entry[0] != health or entry[1] != device.numa_nodes:
+            if entry is None or entry[0] is not health or entry[1] != device.numa_nodes:
                 entry = (health, device.numa_nodes, _entry(device_message(device).SerializeToString()))
                 self.built += 1
             new[device.id] = entry

@@ -104,7 +104,8 @@ def listed_devices(response: pb.ListAndWatchResponse, previous: Mapping[str, Dev
         device_id = d.ID
         # The kubelet counts anything but "Healthy" as unhealthy.
         health = Health.HEALTHY if d.health == healthy_value else Health.UNHEALTHY
-        nodes = tuple(n.ID for n in d.topology.nodes) if d.HasField("topology") else ()
+        listed = d.topology.nodes  # empty without a topology (reading never sets it)
+        nodes = (listed[0].ID,) if len(listed) == 1 else tuple(n.ID for n in listed)
         kept = last.get(device_id)
         if kept is None or kept.health is not health or kept.numa_nodes != nodes:
             kept = Device(id=device_id, health=health, numa_nodes=nodes)
