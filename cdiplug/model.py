@@ -39,6 +39,8 @@ DEFAULT_ALLOCATE: frozenset[AllocatePart] = frozenset(AllocatePart) - {AllocateP
 
 
 def _env_tuple(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    if type(value) is tuple and all(type(p) is tuple and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value):
+        return value  # already what it would become (attrs.evolve, a shared tuple): kept, not copied
     items = value.items() if isinstance(value, Mapping) else value
     return tuple((str(k), str(v)) for k, v in items)
 
@@ -59,6 +61,10 @@ AttributeValue = str | int | bool | Version
 def _attribute_tuple(
     value: Mapping[str, AttributeValue] | Iterable[tuple[str, AttributeValue]],
 ) -> tuple[tuple[str, AttributeValue], ...]:
+    if type(value) is tuple and all(
+        type(p) is tuple and len(p) == 2 and type(p[0]) is str and isinstance(p[1], (str, int, bool, Version)) for p in value
+    ):
+        return value  # already what it would become: kept, not copied
     items = value.items() if isinstance(value, Mapping) else value
     out = []
     for k, v in items:

@@ -98,12 +98,13 @@ class FakeBackend:
             opts: FakeOptions = resource.options
             cls = resource_class(resource.name)
             prefix = env_prefix(resource.name)
-            model = {"model": f"fake {cls}"}
+            model = (("model", f"fake {cls}"),)  # one tuple shared by every device, as are the NUMA tuples
+            numa: list[tuple[int, ...]] = [(node,) for node in opts.numa_nodes] or [()]
             devices = self._healthy[resource.name] = tuple(
                 Device(
                     id=f"{cls}-{i}",
-                    numa_nodes=(opts.numa_nodes[i % len(opts.numa_nodes)],) if opts.numa_nodes else (),
-                    edits=ContainerEdits(env={f"{prefix}_DEVICE_{i}": f"{cls}-{i}"}),
+                    numa_nodes=numa[i % len(numa)],
+                    edits=ContainerEdits(env=((f"{prefix}_DEVICE_{i}", f"{cls}-{i}"),)),
                     attributes=model,
                 )
                 for i in range(opts.count)

@@ -33,7 +33,6 @@ from ..errors import CdiError, InputError
 from ..files import read_bounded
 from ..model import DeviceSnapshot
 from ..names import spec_file_name
-from .build import render_spec
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +108,8 @@ class SpecWriter:
 
     def render(self, kind: str, snapshot: DeviceSnapshot) -> bytes:
         """The exact bytes :meth:`write` would write for ``snapshot``."""
+        from .build import render_spec  # on first use: building specs is not needed to start serving
+
         return render_spec(kind, snapshot)
 
     def write(self, kind: str, snapshot: DeviceSnapshot, *, verify: bool = False) -> bool:
