@@ -207,10 +207,17 @@ class EntryPoint(Protocol):
     def load(self) -> Any: ...
 
 
-@frozen
 class _EntryPoint:
-    name: str
-    value: str
+    """``name = module:attr`` of an entry_points.txt (a plain class: an attrs one costs start-up time)."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"EntryPoint(name={self.name!r}, value={self.value!r})"
 
     def load(self) -> Any:
         module, _, attr = self.value.partition(":")
