@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -40,7 +39,22 @@ _MASK = (
 _HEADER = struct.Struct("iIII")
 FOLDER = "."  # reported when the watched folder itself was removed or moved
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+def _load_libc() -> ctypes.CDLL:
+    """The C library: the process's own symbols (Python links it), else found by name.
+
+    ``ctypes.util.find_library`` runs ``ldconfig -p`` (a subprocess) to find it: only when the
+    process's own symbols lack inotify (a static Python, say).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hasattr(libc, "inotify_init1"):
+        return libc
+    from ctypes.util import find_library
+
+    return ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
+
+
+_libc = _load_libc()
 
 
 class WatchError(CdiplugError):
