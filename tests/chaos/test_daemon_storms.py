@@ -59,9 +59,11 @@ async def test_kubelet_restart_storm_with_socket_wipes(chaos_world: World, short
             else:
                 await kubelet.restart(wipe=True)
             await kubelet.wait_until(
-                lambda w=wanted: all(sum(r.resource == n for r in kubelet.registrations) >= c for n, c in w.items())
-                and kubelet.allocatable(FPGA) == 4
-                and kubelet.allocatable(NIC) == 2,
+                lambda w=wanted: (
+                    all(sum(r.resource == n for r in kubelet.registrations) >= c for n, c in w.items())
+                    and kubelet.allocatable(FPGA) == 4
+                    and kubelet.allocatable(NIC) == 2
+                ),
                 15,
                 f"registered again after restart {i}",
             )
@@ -187,7 +189,10 @@ async def test_allocates_under_load(chaos_world: World, short_tmp: Path) -> None
     daemon.check_log(str(config))
     quantiles = statistics.quantiles(latencies, n=100)
     figure("Allocates under load", f"{len(latencies)} from {callers} callers in {took:.1f} s, none failed")
-    figure("Allocate latency p50/p99 (ms, through the stand-in, 2 shared cores)", f"{quantiles[49] * 1e3:.1f}/{quantiles[98] * 1e3:.1f}")
+    figure(
+        "Allocate latency p50/p99 (ms, through the stand-in, 2 shared cores)",
+        f"{quantiles[49] * 1e3:.1f}/{quantiles[98] * 1e3:.1f}",
+    )
     figure("load RSS/open files before -> after", f"{before} -> {after}")
     assert after["open_fds"] <= before["open_fds"] + 2
     pytest.approx(0)  # figures only: latency is not asserted (no timed tests)
