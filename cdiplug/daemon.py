@@ -104,8 +104,8 @@ class Daemon:
             ):
                 loop.add_signal_handler(sig, handler, sig)
                 installed.append(sig)
-            for sig in signals.take_pending():  # caught before the loop's handlers were in place
-                (self._on_hup if sig == signal.SIGHUP else self._on_stop_signal)(sig)
+            for early in signals.take_pending():  # caught before the loop's handlers were in place
+                (self._on_hup if early == signal.SIGHUP else self._on_stop_signal)(early)
         try:
             config = await self._load()  # ConfigError propagates: exit status 2
             log.info("configuration %s: %s", config.source, ", ".join(r.name for r in config.resources))
@@ -123,8 +123,8 @@ class Daemon:
                     await self.supervisor.close()
                     await node.stop()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            for installed_sig in installed:
+                loop.remove_signal_handler(installed_sig)
             if installed:
                 signals.reinstall()
         log.info("stopped cleanly")

@@ -100,7 +100,7 @@ def _depth(data: Any) -> int:
 @functools.cache
 def _loader_class() -> type:
     import yaml
-    from yaml.nodes import MappingNode, Node, SequenceNode
+    from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
     class BoundedLoader(yaml.SafeLoader):
         """``yaml.SafeLoader`` with bounds on depth, alias expansion and integer size."""
@@ -109,14 +109,13 @@ def _loader_class() -> type:
             super().__init__(stream)
             self._depth = 0
 
-        def compose_node(self, parent: Node | None, index: Any) -> Node:
+        def compose_node(self, parent: Node | None, index: Any) -> Node | None:
             self._depth += 1
             try:
                 if self._depth > MAX_DEPTH:
-                    raise yaml.composer.ComposerError(
-                        None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark
-                    )
-                return super().compose_node(parent, index)  # type: ignore[no-any-return]
+                    mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                    raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep", mark)
+                return super().compose_node(parent, index)
             finally:
                 self._depth -= 1
 
@@ -124,12 +123,12 @@ def _loader_class() -> type:
             _check_aliases(node)
             return super().construct_document(node)
 
-        def construct_yaml_int(self, node: Node) -> int:
+        def construct_yaml_int(self, node: ScalarNode) -> int:
             if len(str(node.value)) > MAX_INT_DIGITS:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"integer of {len(node.value):,} characters (at most {MAX_INT_DIGITS})", node.start_mark
                 )
-            return super().construct_yaml_int(node)  # type: ignore[no-any-return]
+            return super().construct_yaml_int(node)
 
     BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
 
