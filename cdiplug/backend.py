@@ -154,6 +154,9 @@ class BackendPlugin(Generic[O]):
         return self.default_dra_driver(resource) if self.default_dra_driver else default_dra_driver(resource)
 
 
+# Plugins of different options types sit side by side here, so their options type is erased
+# (Any): the core never looks at options, it only hands each plugin the ResourceConfigs whose
+# options that plugin's own ``options_type`` structured.
 class PluginRegistry(Mapping[str, BackendPlugin[Any]]):
     """Installed backend plugins by name, each imported only when first asked for.
 

@@ -16,7 +16,7 @@ import enum
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
@@ -32,6 +32,8 @@ from .names import extended_resource_problem, is_dns_subdomain, kind_problem, sp
 from .resource import Api, ResourceConfig, default_dra_driver
 from .safeload import load_yaml
 from .world import World
+
+O = TypeVar("O")  # noqa: E741 - a backend's options type
 
 converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
 
@@ -77,7 +79,7 @@ def _list_hook(t: Any) -> Any:
     return hook
 
 
-def _attrs_hook(cl: type) -> Any:
+def _attrs_hook(cl: type[object]) -> Any:
     """Mappings only, so that ``resources: [5]`` says so instead of cattrs' internal wording."""
     inner = cattrs.gen.make_dict_structure_fn(cl, converter)
 
@@ -149,10 +151,10 @@ class _RawConfig:
 
 @frozen
 class Config:
-    resources: tuple[ResourceConfig[Any], ...]
+    resources: tuple[ResourceConfig[object], ...]
     source: str = field(default="<built-in default>", eq=False)
 
-    def by_name(self) -> Mapping[str, ResourceConfig[Any]]:
+    def by_name(self) -> Mapping[str, ResourceConfig[object]]:
         return {r.name: r for r in self.resources}
 
 
@@ -175,7 +177,7 @@ def _errors(exc: Exception, path: str, source: str) -> ConfigError:
     return err
 
 
-def structure_options(options_type: type, raw: Mapping[str, Any], path: str, source: str) -> Any:
+def structure_options(options_type: type[O], raw: Mapping[str, Any], path: str, source: str) -> O:
     """Structure a backend's options mapping; errors carry ``path`` (``$.resources[1].options``).
 
     After structuring, an options class may check values across fields: a ``problems()`` method
@@ -190,7 +192,7 @@ def structure_options(options_type: type, raw: Mapping[str, Any], path: str, sou
     return options
 
 
-def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
+def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
     """Turn already-loaded YAML data into a checked :class:`Config`."""
     if not isinstance(data, Mapping):
         raise ConfigError("the configuration must be a mapping with a 'resources' list", "$", source)
@@ -202,7 +204,7 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
         raise ConfigError("at least one resource is needed", "$.resources", source)
     plugins = load_plugins() if plugins is None else plugins
 
-    resources: list[ResourceConfig[Any]] = []
+    resources: list[ResourceConfig[object]] = []
     seen_names: dict[str, int] = {}
     seen_kinds: dict[str, int] = {}
     seen_drivers: dict[str, int] = {}
@@ -274,7 +276,7 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
     return Config(resources=tuple(resources), source=source)
 
 
-def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin] | None = None) -> Config:
+def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
     """Read and check the config file, or the built-in default when ``path`` is None.
 
     The file is read bounded (a regular file of at most :data:`~cdiplug.files.CONFIG_LIMIT`

@@ -94,7 +94,7 @@ class Daemon:
 
     async def run(self, handle_signals: bool = True) -> int:
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         if handle_signals:
             # Installed first: a SIGTERM while starting up still means a clean stop.
             for sig, handler in (
@@ -148,8 +148,8 @@ class Daemon:
             if not failure.done():
                 failure.cancel()
             await asyncio.gather(stop, failure, return_exceptions=True)
-        if failure.done() and not failure.cancelled() and failure.exception() is not None:
-            raise failure.exception()  # type: ignore[misc]
+        if failure.done() and not failure.cancelled() and (exc := failure.exception()) is not None:
+            raise exc
 
     async def _reloader(self) -> None:
         while True:
@@ -193,7 +193,7 @@ async def serve(
     world: World,
     metrics_address: str | None = None,
     *,
-    plugins: Mapping[str, BackendPlugin] | None = None,
+    plugins: Mapping[str, BackendPlugin[Any]] | None = None,
     stop: asyncio.Event | None = None,
     handle_signals: bool | None = None,
 ) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 from .backend import BackendPlugin, load_plugins
 from .config import Config
@@ -33,7 +34,7 @@ class _FirstSnapshots:
 async def discover_once(
     config: Config,
     world: World,
-    plugins: Mapping[str, BackendPlugin] | None = None,
+    plugins: Mapping[str, BackendPlugin[Any]] | None = None,
     timeout: float = 30.0,
 ) -> dict[str, DeviceSnapshot]:
     """The first snapshot of every resource in ``config``, in config order."""

@@ -14,10 +14,12 @@ import json
 import logging
 import sys
 import time
+import weakref
 from typing import Any, TextIO
 
 FORMATS = ("text", "json")
 CONTEXT_FIELDS = ("resource", "device")
+_OWN_HANDLERS: weakref.WeakSet[logging.Handler] = weakref.WeakSet()  # those setup_logging installed
 
 
 def _timestamp(record: logging.LogRecord) -> str:
@@ -77,9 +79,9 @@ def setup_logging(fmt: str = "text", level: int | str = logging.INFO, stream: Te
     """
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(fmt))
-    handler._cdiplug = True  # type: ignore[attr-defined]  # marks handlers this function owns
+    _OWN_HANDLERS.add(handler)
     root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_cdiplug", False)]:
+    for old in [h for h in root.handlers if h in _OWN_HANDLERS]:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)

@@ -10,8 +10,8 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import TypeVar
 
 import attrs
 from attrs import field, frozen
@@ -104,7 +104,8 @@ class Mount:
     host_path: str
     container_path: str
     read_only: bool = True
-    options: tuple[str, ...] = field(default=(), converter=tuple)
+    # converter=tuple[str, ...] is tuple() that mypy's attrs plugin can type (a bare tuple leaves the item type open)
+    options: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     type: str | None = None
 
 
@@ -114,8 +115,8 @@ class Hook:
 
     hook_name: str
     path: str
-    args: tuple[str, ...] = field(default=(), converter=tuple)
-    env: tuple[str, ...] = field(default=(), converter=tuple)
+    args: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
+    env: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     timeout: int | None = None
 
 
@@ -124,10 +125,10 @@ class ContainerEdits:
     """What a container needs to use a device: env, device nodes, mounts, hooks, extra groups."""
 
     env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
-    device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple)
-    mounts: tuple[Mount, ...] = field(default=(), converter=tuple)
-    hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
-    additional_gids: tuple[int, ...] = field(default=(), converter=tuple)
+    device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple[DeviceNode, ...])
+    mounts: tuple[Mount, ...] = field(default=(), converter=tuple[Mount, ...])
+    hooks: tuple[Hook, ...] = field(default=(), converter=tuple[Hook, ...])
+    additional_gids: tuple[int, ...] = field(default=(), converter=tuple[int, ...])
 
     def is_empty(self) -> bool:
         return not (self.env or self.device_nodes or self.mounts or self.hooks or self.additional_gids)
@@ -161,8 +162,11 @@ def _container_path(mount: Mount) -> str:
     return mount.container_path
 
 
-def _unique(items: Iterable[Any], key: Any) -> tuple[Any, ...]:
-    seen: dict[Any, Any] = {}
+T = TypeVar("T")
+
+
+def _unique(items: Iterable[T], key: Callable[[T], Hashable]) -> tuple[T, ...]:
+    seen: dict[Hashable, T] = {}
     for item in items:
         seen.setdefault(key(item), item)
     return tuple(seen.values())
@@ -200,6 +204,10 @@ class Device:
         return default
 
 
+def _sorted_devices(devices: Iterable[Device]) -> tuple[Device, ...]:
+    return tuple(sorted(devices, key=lambda d: d.id))
+
+
 @frozen
 class DeviceSnapshot:
     """Everything a backend knows about one resource at one moment.
@@ -211,7 +219,7 @@ class DeviceSnapshot:
     """
 
     resource: str
-    devices: tuple[Device, ...] = field(default=(), converter=lambda ds: tuple(sorted(ds, key=lambda d: d.id)))
+    devices: tuple[Device, ...] = field(default=(), converter=_sorted_devices)
     common_edits: ContainerEdits = ContainerEdits()
     ids_env: str | None = None
     skipped: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple, eq=False)
@@ -245,8 +253,8 @@ class DeviceSnapshot:
 class PreferredRequest:
     """One container's GetPreferredAllocation request, IDs as advertised."""
 
-    available: tuple[str, ...] = field(converter=tuple)
-    must_include: tuple[str, ...] = field(default=(), converter=tuple)
+    available: tuple[str, ...] = field(converter=tuple[str, ...])
+    must_include: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     size: int = 0
 
 
@@ -254,9 +262,9 @@ class PreferredRequest:
 class ContainerAllocation:
     """The answer for one container request, before it becomes a ContainerAllocateResponse."""
 
-    device_ids: tuple[str, ...] = field(converter=tuple)
+    device_ids: tuple[str, ...] = field(converter=tuple[str, ...])
     env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
-    device_specs: tuple[DeviceNode, ...] = field(default=(), converter=tuple)
-    mounts: tuple[Mount, ...] = field(default=(), converter=tuple)
-    cdi_devices: tuple[str, ...] = field(default=(), converter=tuple)
+    device_specs: tuple[DeviceNode, ...] = field(default=(), converter=tuple[DeviceNode, ...])
+    mounts: tuple[Mount, ...] = field(default=(), converter=tuple[Mount, ...])
+    cdi_devices: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     annotations: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)

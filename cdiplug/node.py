@@ -23,6 +23,7 @@ from .deviceplugin.frontend import DevicePluginFrontEnd
 from .deviceplugin.resource import ServedResource
 from .deviceplugin.server import ResourceServer
 from .host import BackendHost
+from .host.backends import BACKOFF_INITIAL, BACKOFF_MAX
 from .resource import Api, ResourceConfig
 from .supervisor import Supervisor
 from .telemetry import NULL_RECORDER, Recorder
@@ -31,7 +32,7 @@ from .world import World
 log = logging.getLogger(__name__)
 
 
-def served_by(config: Config, api: Api) -> list[ResourceConfig[Any]]:
+def served_by(config: Config, api: Api) -> list[ResourceConfig[object]]:
     return [r for r in config.resources if r.api is api]
 
 
@@ -57,8 +58,8 @@ class Node:
         self.world = world
         self.supervisor = supervisor
         self.recorder = recorder
-        extra = {"backoff": backoff} if backoff is not None else {}
-        self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, **extra)
+        backoff = backoff if backoff is not None else (BACKOFF_INITIAL, BACKOFF_MAX)
+        self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, backoff=backoff)
         self.device_plugin = DevicePluginFrontEnd(
             world, self.host, supervisor, recorder=recorder, register_timeout=register_timeout
         )

@@ -16,7 +16,7 @@ from .model import DEFAULT_ALLOCATE, AllocatePart
 from .names import resource_class, socket_name
 
 O = TypeVar("O")  # noqa: E741 - the options type of one backend
-O_co = TypeVar("O_co", covariant=True)
+O_co = TypeVar("O_co", covariant=True)  # the same, where only read (ResourceConfig is frozen)
 
 
 class Api(str, enum.Enum):
@@ -33,7 +33,7 @@ def default_dra_driver(resource: str) -> str:
 
 
 @frozen
-class ResourceConfig(Generic[O]):
+class ResourceConfig(Generic[O_co]):
     """One extended resource: its name, the backend serving it and that backend's typed options.
 
     ``cdi_kind`` and ``dra_driver`` are filled in by the loader (a backend may choose their
@@ -42,7 +42,7 @@ class ResourceConfig(Generic[O]):
 
     name: str
     backend: str
-    options: O = field(eq=True)
+    options: O_co = field(eq=True)
     cdi_kind: str = ""
     allocate: frozenset[AllocatePart] = DEFAULT_ALLOCATE
     replicas: int = 1

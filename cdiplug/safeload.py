@@ -113,8 +113,12 @@ def _loader_class() -> type:
             self._depth += 1
             try:
                 if self._depth > MAX_DEPTH:
-                    mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                    raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep", mark)
+                    raise yaml.composer.ComposerError(
+                        None,
+                        None,
+                        f"nested more than {MAX_DEPTH} levels deep",
+                        self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+                    )
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1

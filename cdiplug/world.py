@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from attrs import field, frozen
 
@@ -48,6 +48,6 @@ class World:
     def kubelet_socket(self) -> Path:
         return self.kubelet_dir / "kubelet.sock"
 
-    def host_path(self, path: str | Path) -> Path:
+    def host_path(self, path: str | PurePath) -> Path:
         """An absolute node path (``/dev/vfio/3``) as seen under ``dev_root``."""
         return self.dev_root / str(path).lstrip("/")

@@ -82,11 +82,11 @@ def read_health_file(path: Path) -> Mapping[str, Health]:
 class FakeBackend:
     """Serves every resource configured with ``backend: fake``."""
 
-    def __init__(self, resources: Sequence[ResourceConfig], world: World) -> None:
+    def __init__(self, resources: Sequence[ResourceConfig[FakeOptions]], world: World) -> None:
         self.resources = tuple(resources)
         self.world = world
 
-    def snapshot(self, resource: ResourceConfig, health: Mapping[str, Health]) -> DeviceSnapshot:
+    def snapshot(self, resource: ResourceConfig[FakeOptions], health: Mapping[str, Health]) -> DeviceSnapshot:
         opts: FakeOptions = resource.options
         cls = resource_class(resource.name)
         prefix = env_prefix(resource.name)
@@ -106,17 +106,17 @@ class FakeBackend:
         return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{prefix}_DEVICES")
 
     async def run(self, sink: SnapshotSink) -> None:
-        watched = [r for r in self.resources if r.options.health_file is not None]
+        watched = [(r, r.options.health_file) for r in self.resources if r.options.health_file is not None]
         async with contextlib.AsyncExitStack() as stack:
             # Watch first, read second: a change between the two can then never be missed.
-            watches = [await stack.enter_async_context(FolderWatch(r.options.health_file.parent)) for r in watched]
+            watches = [await stack.enter_async_context(FolderWatch(path.parent)) for _, path in watched]
             published: dict[str, DeviceSnapshot] = {}
             for resource in self.resources:
                 snap = published[resource.name] = self.snapshot(resource, await self._health(resource) or {})
                 sink.publish(snap)
-            await asyncio.gather(*(self._watch(r, w, sink, published[r.name]) for r, w in zip(watched, watches)))
+            await asyncio.gather(*(self._watch(r, path, w, sink, published[r.name]) for (r, path), w in zip(watched, watches)))
 
-    async def _health(self, resource: ResourceConfig) -> Mapping[str, Health] | None:
+    async def _health(self, resource: ResourceConfig[FakeOptions]) -> Mapping[str, Health] | None:
         """The health file's content, or None when it is broken (logged; the caller keeps the last state)."""
         path = resource.options.health_file
         if path is None:
@@ -138,8 +138,9 @@ class FakeBackend:
             )
             return None
 
-    async def _watch(self, resource: ResourceConfig, watch: FolderWatch, sink: SnapshotSink, last: DeviceSnapshot) -> None:
-        path: Path = resource.options.health_file
+    async def _watch(
+        self, resource: ResourceConfig[FakeOptions], path: Path, watch: FolderWatch, sink: SnapshotSink, last: DeviceSnapshot
+    ) -> None:
         async for names in watch:
             # A ConfigMap volume swaps a "..data" symlink instead of touching the file itself.
             if path.name not in names and FOLDER not in names and not any(n.startswith("..") for n in names):

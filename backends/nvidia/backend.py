@@ -90,7 +90,7 @@ class NvidiaBackend:
             except NvmlError as exc:
                 await self._without_gpus(f"NVML cannot list GPUs: {exc}", exc)
                 return
-            await self._adopt(inventory)
+            await self._adopt(nvml, inventory)
             for name in self._gpus:
                 self._publish(name)
             everything = [g for gpus in self._gpus.values() for g in gpus]
@@ -132,7 +132,7 @@ class NvidiaBackend:
             self._publish(r.name)
         await asyncio.Event().wait()
 
-    async def _adopt(self, inventory: Inventory) -> None:
+    async def _adopt(self, nvml: Nvml, inventory: Inventory) -> None:
         """Take the GPUs found: assign them, read topology and edits, check device nodes."""
         self._skipped = inventory.skipped
         if not inventory.gpus:
@@ -151,7 +151,7 @@ class NvidiaBackend:
                 "none" if gpu.numa_node is None else gpu.numa_node, owner,
             )  # fmt: skip
         chosen = [g for gpus in self._gpus.values() for g in gpus]
-        self._topology = await asyncio.to_thread(topology.read_topology, self._nvml, chosen)
+        self._topology = await asyncio.to_thread(topology.read_topology, nvml, chosen)
         self._common = await asyncio.to_thread(self._common_edits)
         missing = await asyncio.to_thread(lambda: [g for g in chosen if not node_present(self.world, g.device_path)])
         for gpu in missing:
@@ -207,7 +207,8 @@ class NvidiaBackend:
             self._reprobe_everything()
         elif verdict is Verdict.UNHEALTHY:
             log.error("XID %d on GPU %s: marking it Unhealthy", event.data, event.uuid, extra={"resource": owner})
-            self._mark(event.uuid, f"XID {event.data}")  # type: ignore[arg-type]
+            assert event.uuid is not None  # classify calls an event UNHEALTHY only for a GPU it names
+            self._mark(event.uuid, f"XID {event.data}")
         elif event.is_xid and owner:
             log.info("XID %d on GPU %s ignored (application error)", event.data, event.uuid, extra={"resource": owner})
 

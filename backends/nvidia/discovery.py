@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from attrs import field, frozen
 
@@ -41,7 +40,7 @@ class Gpu:
 
     info: GpuInfo
     numa_node: int | None = None
-    handle: Any = field(default=None, eq=False, repr=False)
+    handle: object = field(default=None, eq=False, repr=False)
 
     @property
     def uuid(self) -> str:
@@ -94,7 +93,7 @@ def discover(nvml: Nvml, world: World) -> Inventory:
     return Inventory(gpus=tuple(gpus), skipped=tuple(skipped))
 
 
-def assign(gpus: Sequence[Gpu], resources: Sequence[ResourceConfig]) -> dict[str, tuple[Gpu, ...]]:
+def assign(gpus: Sequence[Gpu], resources: Sequence[ResourceConfig[NvidiaOptions]]) -> dict[str, tuple[Gpu, ...]]:
     """Which GPUs each resource gets: the first resource (in config order) that selects a GPU wins."""
     taken: dict[str, list[Gpu]] = {r.name: [] for r in resources}
     for gpu in gpus:

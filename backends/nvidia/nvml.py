@@ -100,7 +100,7 @@ def normalize_bus_id(raw: bytes | str) -> str:
     return text
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -128,7 +128,7 @@ class Nvml:
         value = getattr(self._m, name, None)
         return None if value is None else int(value)
 
-    def call(self, name: str, *args: Any) -> Any:
+    def call(self, name: str, *args: object) -> Any:
         """``module.<name>(*args)``, with NVML errors (and a missing function) as NvmlError."""
         fn = getattr(self._m, name, None)
         if fn is None:
@@ -172,24 +172,24 @@ class Nvml:
     def device_count(self) -> int:
         return int(self.call("nvmlDeviceGetCount"))
 
-    def handle(self, index: int) -> Any:
+    def handle(self, index: int) -> object:
         return self.call("nvmlDeviceGetHandleByIndex", index)
 
-    def handle_by_uuid(self, uuid: str) -> Any:
+    def handle_by_uuid(self, uuid: str) -> object:
         return self.call("nvmlDeviceGetHandleByUUID", uuid)
 
-    def uuid(self, handle: Any) -> str:
+    def uuid(self, handle: object) -> str:
         return _text(self.call("nvmlDeviceGetUUID", handle))
 
-    def pci_bus_id(self, handle: Any) -> str:
+    def pci_bus_id(self, handle: object) -> str:
         info = self.call("nvmlDeviceGetPciInfo", handle)
         return self._guard("nvmlDeviceGetPciInfo", lambda: normalize_bus_id(info.busId))
 
-    def memory(self, handle: Any) -> int:
+    def memory(self, handle: object) -> int:
         info = self.call("nvmlDeviceGetMemoryInfo", handle)
         return self._guard("nvmlDeviceGetMemoryInfo", lambda: int(info.total))
 
-    def mig_enabled(self, handle: Any) -> bool | None:
+    def mig_enabled(self, handle: object) -> bool | None:
         try:
             current = self.call("nvmlDeviceGetMigMode", handle)
         except NvmlError as exc:
@@ -199,7 +199,7 @@ class Nvml:
         enabled = self._const("NVML_DEVICE_MIG_ENABLE", 1)
         return self._guard("nvmlDeviceGetMigMode", lambda: int(current[0]) == enabled)
 
-    def gpu_info(self, index: int) -> tuple[Any, GpuInfo]:
+    def gpu_info(self, index: int) -> tuple[object, GpuInfo]:
         """The handle and the facts of GPU ``index``."""
         h = self.handle(index)
         info = GpuInfo(
@@ -224,14 +224,14 @@ class Nvml:
 
     # --- topology -----------------------------------------------------------------------------
 
-    def common_ancestor(self, a: Any, b: Any) -> PcieLevel:
+    def common_ancestor(self, a: object, b: object) -> PcieLevel:
         raw = int(self.call("nvmlDeviceGetTopologyCommonAncestor", a, b))
         for name, level in _LEVEL_NAMES.items():
             if self._code(name) == raw:
                 return level
         raise NvmlError("nvmlDeviceGetTopologyCommonAncestor", f"unknown topology level {raw}")
 
-    def nvlink_remotes(self, handle: Any) -> tuple[str, ...]:
+    def nvlink_remotes(self, handle: object) -> tuple[str, ...]:
         """The PCI bus ID at the far end of every active NVLink of a GPU (one entry per link)."""
         remotes: list[str] = []
         enabled = self._const("NVML_FEATURE_ENABLED", 1)
@@ -260,10 +260,10 @@ class Nvml:
     def xid_event_type(self) -> int:
         return self._const("nvmlEventTypeXidCriticalError", 0x8)
 
-    def create_event_set(self) -> Any:
+    def create_event_set(self) -> object:
         return self.call("nvmlEventSetCreate")
 
-    def register_xid_events(self, handle: Any, event_set: Any) -> bool:
+    def register_xid_events(self, handle: object, event_set: object) -> bool:
         """Register a GPU for XID events; False when the GPU cannot report them."""
         xid = self.xid_event_type
         try:
@@ -282,7 +282,7 @@ class Nvml:
             raise
         return True
 
-    def wait(self, event_set: Any, timeout_ms: int) -> NvmlEvent | None:
+    def wait(self, event_set: object, timeout_ms: int) -> NvmlEvent | None:
         """The next event, or None after ``timeout_ms`` without one."""
         try:
             data = self.call("nvmlEventSetWait", event_set, timeout_ms)
@@ -301,5 +301,5 @@ class Nvml:
                 uuid = None  # an event whose GPU we cannot name: the caller re-probes
         return NvmlEvent(uuid=uuid, event_type=event_type, data=value, is_xid=bool(event_type & self.xid_event_type))
 
-    def free_event_set(self, event_set: Any) -> None:
+    def free_event_set(self, event_set: object) -> None:
         self.call("nvmlEventSetFree", event_set)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from attrs import field, frozen
 
 from cdiplug.model import PreferredRequest
 from cdiplug.replicas import underlying
 
+from .discovery import Gpu
 from .nvml import Nvml, NvmlError, PcieLevel
 from .options import ReplicaStrategy
 
@@ -74,7 +74,7 @@ class Topology:
         return NVLINK_SCORE * nvlinks + PCIE_SCORE[level]
 
 
-def read_topology(nvml: Nvml, gpus: Sequence[Any]) -> Topology:
+def read_topology(nvml: Nvml, gpus: Sequence[Gpu]) -> Topology:
     """Ask NVML how every pair of ``gpus`` (discovery's ``Gpu`` objects) connects. Blocking.
 
     A GPU whose links NVML cannot list counts as having none; a pair whose PCIe level it cannot
@@ -132,22 +132,24 @@ def best_set(
         return _greedy(free, must, need, score, accept)
     matrix = {(a, b): score(a, b) for a in cands for b in cands}
     base = set_score(must, score)
-    best: list[Any] = [None, None]  # score, members
+    best_score: int | None = None
+    best_members: tuple[str, ...] | None = None
 
     def visit(start: int, chosen: list[str], current: int, gains: dict[str, int]) -> None:
+        nonlocal best_score, best_members
         left = need - len(chosen)
         if left == 0:
             members = tuple(must + chosen)
-            if (best[0] is None or current > best[0]) and (accept is None or accept(members)):
-                best[0], best[1] = current, members
+            if (best_score is None or current > best_score) and (accept is None or accept(members)):
+                best_score, best_members = current, members
             return
         pool = free[start:]
         if len(pool) < left:
             return
-        if best[0] is not None:
+        if best_score is not None:
             top = sorted((gains[c] for c in pool), reverse=True)[:left]
             pair_max = max((matrix[a, b] for a, b in itertools.combinations(pool, 2)), default=0)
-            if current + sum(top) + pair_max * left * (left - 1) // 2 <= best[0]:
+            if current + sum(top) + pair_max * left * (left - 1) // 2 <= best_score:
                 return  # cannot beat (nor, on a tie, displace) the best set found so far
         for i in range(start, len(free) - left + 1):
             c = free[i]
@@ -155,7 +157,7 @@ def best_set(
             visit(i + 1, [*chosen, c], current + gains[c], new_gains)
 
     visit(0, [], base, {c: sum(matrix[c, m] for m in must) for c in free})
-    return best[1]
+    return best_members
 
 
 def _greedy(

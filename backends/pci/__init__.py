@@ -23,10 +23,11 @@ from typing import Any
 from cdiplug.backend import BackendPlugin
 
 from .backend import PciBackend
+from .hotplug import UdevMonitor
 from .options import PciOptions, Release, Selector
 
 
-def make_plugin(udev_monitor: Any = None, **backend_options: Any) -> BackendPlugin[PciOptions]:
+def make_plugin(udev_monitor: UdevMonitor | None = None, **backend_options: Any) -> BackendPlugin[PciOptions]:
     """The plugin, with a pyudev-like monitor of your own (None: the real one where udev exists)."""
     return BackendPlugin(
         name="pci", options_type=PciOptions, create=functools.partial(PciBackend, udev_monitor=udev_monitor, **backend_options)

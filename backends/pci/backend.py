@@ -29,7 +29,6 @@ import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from attrs import frozen
 from pyroute2.netlink.exceptions import NetlinkError
@@ -48,7 +47,7 @@ from .discovery import (
     select_all,
     to_snapshot,
 )
-from .hotplug import UdevWatch, open_monitor
+from .hotplug import UdevMonitor, UdevWatch, open_monitor
 from .journal import BoundRecord, Journal, JournalError
 from .links import LinkStates
 from .options import PciOptions, Release
@@ -77,12 +76,12 @@ class PciBackend:
 
     def __init__(
         self,
-        resources: Sequence[ResourceConfig],
+        resources: Sequence[ResourceConfig[PciOptions]],
         world: World,
         *,
         writer: SysfsWriter | None = None,
         netns: str | None = None,
-        udev_monitor: Any = None,
+        udev_monitor: UdevMonitor | None = None,
         verify_timeout: float | None = None,
     ) -> None:
         self.resources = tuple(resources)
@@ -188,11 +187,13 @@ class PciBackend:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
-                exc = task.exception()
-                if exc is not None:
-                    if isinstance(exc, BackendError):
-                        raise exc
-                    raise BackendError(f"PCI backend task {task.get_name()} failed: {type(exc).__name__}: {exc}") from exc
+                failure = task.exception()
+                if failure is not None:
+                    if isinstance(failure, BackendError):
+                        raise failure
+                    raise BackendError(
+                        f"PCI backend task {task.get_name()} failed: {type(failure).__name__}: {failure}"
+                    ) from failure
         finally:
             for task in tasks:
                 task.cancel()
@@ -222,10 +223,10 @@ class PciBackend:
             self._wake.set()
             await asyncio.sleep(LINK_RETRY)
 
-    def _open_monitor(self) -> Any:
+    def _open_monitor(self) -> UdevMonitor | None:
         return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root)
 
-    async def _watch_udev(self, monitor: Any) -> None:
+    async def _watch_udev(self, monitor: UdevMonitor) -> None:
         async for events in UdevWatch(monitor).batches():
             removed = {name for action, name in events if action == "remove"}
             if removed:
@@ -280,8 +281,7 @@ class PciBackend:
         thread, under the group's lock). ``resource`` is what the journal entry names: its
         ``force``, denylist and checker apply; None or a resource no longer configured gets the
         strictest, the default checker without force. Raises :class:`FunctionInUse`."""
-        options = self.options.get(resource) if resource is not None else None
-        if options is None:
+        if resource is None or (options := self.options.get(resource)) is None:
             asyncio.run(self.default_safety.check_bind(functions))
         elif not options.force:
             denied = {fn.address: e for fn in functions if (e := denied_by(options, fn.address)) is not None}

@@ -40,7 +40,7 @@ class Recorded:
     """What cdiplug recorded about a function before binding it (see ``journal``)."""
 
     original_driver: str | None = None
-    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
 
 
 @frozen
@@ -127,7 +127,7 @@ def _own_problem(options: PciOptions, fn: PciFunction, noiommu_enabled: bool) ->
 
 def select_all(
     topology: PciTopology,
-    resources: Sequence[ResourceConfig],
+    resources: Sequence[ResourceConfig[PciOptions]],
     recorded: Mapping[str, Recorded] | None = None,
     noiommu_enabled: bool = False,
 ) -> dict[str, Selection]:

@@ -14,14 +14,32 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 UDEV_CONTROL = Path("/run/udev/control")
 
 
-def open_monitor(sysfs_root: Path) -> Any:
+class UdevDevice(Protocol):
+    """What the watch reads of an event (pyudev's ``Device``); ``subsystem`` is read when present."""
+
+    @property
+    def action(self) -> object: ...
+
+    @property
+    def sys_name(self) -> object: ...
+
+
+class UdevMonitor(Protocol):
+    """A pyudev-like monitor; ``start()`` and ``close()`` are used when present."""
+
+    def fileno(self) -> int: ...
+
+    def poll(self, timeout: float | None = None) -> UdevDevice | None: ...
+
+
+def open_monitor(sysfs_root: Path) -> UdevMonitor | None:
     """A pyudev netlink monitor of PCI devices, or None where no events can come (a fake tree)."""
     if not (Path(sysfs_root) / "kernel" / "uevent_seqnum").exists():
         return None  # not a real sysfs: nothing will send events about it
@@ -29,8 +47,9 @@ def open_monitor(sysfs_root: Path) -> Any:
         import pyudev
 
         source = "udev" if UDEV_CONTROL.exists() else "kernel"
-        monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
-        monitor.filter_by("pci")
+        netlink = pyudev.Monitor.from_netlink(pyudev.Context(), source=source)
+        netlink.filter_by("pci")
+        monitor: UdevMonitor = netlink  # pyudev is untyped: typed from here on
         return monitor
     except (ImportError, OSError) as exc:
         log.warning("no udev monitor (%s): relying on the periodic rescan", exc)
@@ -40,7 +59,7 @@ def open_monitor(sysfs_root: Path) -> Any:
 class UdevWatch:
     """Batches of PCI events from one monitor, as an async iterator."""
 
-    def __init__(self, monitor: Any) -> None:
+    def __init__(self, monitor: UdevMonitor) -> None:
         self.monitor = monitor
         self._pending: list[tuple[str, str]] = []
         self._event = asyncio.Event()

@@ -79,7 +79,7 @@ class Step(str, enum.Enum):
     REBIND = "rebind"  # restore: bind the original driver (or probe)
 
 
-def _checked(check: Callable[[str], str]) -> Callable[[object, object, str | None], None]:
+def _checked(check: Callable[[str], str]) -> Callable[[object, object, str], None]:
     """An attrs validator from a ``check_*`` function: what the state files hold becomes paths."""
 
     def validate(_instance: object, _attribute: object, value: str | None) -> None:
@@ -93,14 +93,14 @@ def _checked(check: Callable[[str], str]) -> Callable[[object, object, str | Non
 class PlannedFunction:
     address: str = field(validator=_checked(check_address))
     original_driver: str | None = field(default=None, validator=_checked(check_driver))
-    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
 
 
 @frozen
 class JournalEntry:
     op: Op
     group: str = field(validator=_checked(check_group_key))
-    functions: tuple[PlannedFunction, ...] = field(converter=tuple)
+    functions: tuple[PlannedFunction, ...] = field(converter=tuple[PlannedFunction, ...])
     step: Step = Step.RECORD
     function: str | None = field(default=None, validator=_checked(check_address))
     resource: str | None = None
@@ -116,7 +116,7 @@ class BoundRecord:
     address: str = field(validator=_checked(check_address))
     group: str = field(validator=_checked(check_group_key))
     original_driver: str | None = field(default=None, validator=_checked(check_driver))
-    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     resource: str | None = None
     bound_at: float = 0.0
 
@@ -124,9 +124,9 @@ class BoundRecord:
 _conv = cattrs.Converter(forbid_extra_keys=False)
 
 
-def _why(exc: BaseException, _type: object) -> str:
+def _why(exc: BaseException, _type: type | None) -> str:
     """What cattrs found wrong at one place of a state file: the check's own words."""
-    return str(exc) if isinstance(exc, ValueError) else format_exception(exc, _type)  # type: ignore[arg-type]
+    return str(exc) if isinstance(exc, ValueError) else format_exception(exc, _type)
 
 
 def _alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.rtnl import RTMGRP_LINK
@@ -18,9 +19,15 @@ from pyroute2.netlink.rtnl import RTMGRP_LINK
 log = logging.getLogger(__name__)
 
 
-def _is_up(msg: object) -> bool:
-    operstate = msg.get("operstate")  # type: ignore[attr-defined]
-    return operstate == "UP" or (operstate == "UNKNOWN" and bool(msg.get("carrier")))  # type: ignore[attr-defined]
+class _LinkMessage(Protocol):
+    """What is read of a pyroute2 link message (its NLA values by name)."""
+
+    def get(self, key: str, /) -> object: ...
+
+
+def _is_up(msg: _LinkMessage) -> bool:
+    operstate = msg.get("operstate")
+    return operstate == "UP" or (operstate == "UNKNOWN" and bool(msg.get("carrier")))
 
 
 class LinkStates:

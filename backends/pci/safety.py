@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from attrs import frozen
 from pyroute2 import AsyncIPRoute
@@ -64,10 +65,11 @@ class NetUse:
         return None
 
 
-async def _collect(result: object) -> list:
+async def _collect(result: list[Any] | AsyncIterable[Any]) -> list[Any]:
+    """pyroute2's answer (a list, or its messages one by one) as a list; its messages are untyped."""
     if isinstance(result, list):
         return result
-    return [m async for m in result]  # type: ignore[attr-defined]
+    return [m async for m in result]
 
 
 async def net_use(ifnames: Iterable[str], netns: str | None = None) -> dict[str, NetUse | None]:

@@ -84,8 +84,8 @@ class PciFunction:
     iommu_group: str | None = None
     numa_node: int | None = None
     physfn: str | None = None
-    virtfns: tuple[str, ...] = field(default=(), converter=tuple)
-    netdevs: tuple[str, ...] = field(default=(), converter=tuple)
+    virtfns: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
+    netdevs: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     vfio_dev: str | None = None
     # Why sysfs' account of this function cannot be trusted (an IOMMU group that is no number):
     # such a function is never advertised.

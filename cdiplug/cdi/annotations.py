@@ -8,8 +8,6 @@ characters become ``_`` and, when anything had to change, a short hash of the or
 two different IDs never share a key. The value is the comma-joined qualified CDI names.
 """
 
-from __future__ import annotations
-
 import hashlib
 import re
 from collections.abc import Sequence

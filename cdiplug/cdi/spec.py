@@ -44,7 +44,7 @@ class DeviceNode:
 class Mount:
     host_path: str
     container_path: str
-    options: tuple[str, ...] = field(default=(), converter=tuple)
+    options: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     type: str | None = None
 
 
@@ -52,8 +52,8 @@ class Mount:
 class Hook:
     hook_name: str
     path: str
-    args: tuple[str, ...] = field(default=(), converter=tuple)
-    env: tuple[str, ...] = field(default=(), converter=tuple)
+    args: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
+    env: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     timeout: int | None = None
 
 
@@ -62,7 +62,7 @@ class IntelRdt:
     clos_id: str | None = None
     l3_cache_schema: str | None = None
     mem_bw_schema: str | None = None
-    schemata: tuple[str, ...] = field(default=(), converter=tuple)
+    schemata: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
     enable_monitoring: bool = False
 
 
@@ -76,13 +76,13 @@ class NetDevice:
 
 @frozen
 class ContainerEdits:
-    env: tuple[str, ...] = field(default=(), converter=tuple)
-    device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple)
-    net_devices: tuple[NetDevice, ...] = field(default=(), converter=tuple)
-    hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
-    mounts: tuple[Mount, ...] = field(default=(), converter=tuple)
+    env: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
+    device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple[DeviceNode, ...])
+    net_devices: tuple[NetDevice, ...] = field(default=(), converter=tuple[NetDevice, ...])
+    hooks: tuple[Hook, ...] = field(default=(), converter=tuple[Hook, ...])
+    mounts: tuple[Mount, ...] = field(default=(), converter=tuple[Mount, ...])
     intel_rdt: IntelRdt | None = None
-    additional_gids: tuple[int, ...] = field(default=(), converter=tuple)
+    additional_gids: tuple[int, ...] = field(default=(), converter=tuple[int, ...])
 
     def is_empty(self) -> bool:
         return self == _EMPTY_EDITS
@@ -102,7 +102,7 @@ class Device:
 class Spec:
     cdi_version: str
     kind: str
-    devices: tuple[Device, ...] = field(converter=tuple)
+    devices: tuple[Device, ...] = field(converter=tuple[Device, ...])
     container_edits: ContainerEdits = ContainerEdits()
     annotations: tuple[tuple[str, str], ...] = field(default=(), converter=_pairs, kw_only=True)
 
@@ -138,8 +138,8 @@ def _make_converter() -> cattrs.Converter:
         for a in fields(cls):
             # Fields with a default are omitted when empty (Go's omitempty); required ones never.
             required = a.default is NOTHING
-            extra = {"unstruct_hook": dict} if a.name == "annotations" else {}
-            overrides[a.name] = override(rename=json_key(a.name), omit_if_default=not required, **extra)
+            unstruct_hook = dict if a.name == "annotations" else None
+            overrides[a.name] = override(rename=json_key(a.name), omit_if_default=not required, unstruct_hook=unstruct_hook)
         unstructure = make_dict_unstructure_fn(cls, conv, **overrides)
         order = _JSON_ORDER.get(cls)
         if order:
@@ -147,10 +147,12 @@ def _make_converter() -> cattrs.Converter:
             unstructure = _ordered(unstructure, keys)
         conv.register_unstructure_hook(cls, unstructure)
         renames = {
-            a.name: override(rename=json_key(a.name), **({"struct_hook": _structure_pairs} if a.name == "annotations" else {}))
+            a.name: override(rename=json_key(a.name), struct_hook=_structure_pairs if a.name == "annotations" else None)
             for a in fields(cls)
         }
-        conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renames))
+        # cattrs takes the per-attribute overrides as **kwargs beside its own flags: mypy cannot tell them apart
+        structure = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renames)  # type: ignore[arg-type]
+        conv.register_structure_hook(cls, structure)
     return conv
 
 

@@ -25,7 +25,7 @@ from ..world import DEFAULT_CDI_DIR, World
 from . import add_config_option, add_option
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("cdi", help="write, check and list CDI specs", description=__doc__.split("\n\n")[0])
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 

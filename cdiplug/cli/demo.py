@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ class DemoFailed(CdiplugError):
     """A step of the demo did not go as the kubelet would have it."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the classic experiment against a kubelet stand-in (no cluster needed)",
@@ -85,34 +84,18 @@ def demo_world(folder: Path) -> World:
     )
 
 
-@contextlib.asynccontextmanager
-async def in_process_daemon(config: Config, world: World) -> AsyncIterator[None]:
-    """``cdiplug serve`` in this event loop until the block ends."""
-    from ..daemon import serve
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, world, stop=stop), name="cdiplug demo daemon")
-    try:
-        yield
-    finally:
-        stop.set()
-        try:
-            await asyncio.wait_for(task, STEP_TIMEOUT)
-        except BaseException:
-            task.cancel()
-            raise
-
-
 async def demo(folder: Path, say: Callable[[str], Any]) -> None:
     """Run the experiment in ``folder``, reporting each step through ``say``; raises DemoFailed."""
-    from ..testing.kubelet import KubeletStandIn, PodPhase
+    from ..testing.daemon import running_daemon
+    from ..testing.kubelet import KubeletStandIn
+    from ..testing.kubelet_records import PodPhase
 
     health = folder / "health.yaml"
     config = demo_config(health)
     world = demo_world(folder)
     resource = config.resources[0].name
     say(f"cdiplug demo: the daemon (built-in default) and a kubelet stand-in in {folder}")
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, in_process_daemon(config, world):
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, running_daemon(config, world, timeout=STEP_TIMEOUT):
         await kubelet.wait_registered(resource, STEP_TIMEOUT)
         capacity, allocatable = kubelet.capacity(resource), kubelet.allocatable(resource)
         check(capacity == allocatable == 2, f"expected {resource}: 2, got capacity {capacity}, allocatable {allocatable}")

@@ -25,7 +25,7 @@ from . import add_config_option, add_world_options, world_from_args
 FORMATS = ("table", "json", "yaml")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "discover",
         help="show what every resource would advertise, and why devices are skipped",

@@ -23,7 +23,7 @@ from ..node_capacity import (
 from . import EXIT_USAGE, add_option
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "node-capacity",
         help="advertise counted resources (dongles, licences) in a node's status, no device plugin needed",

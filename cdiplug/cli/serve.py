@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 EXIT_FAILED = 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="run the device plugin daemon",

@@ -27,7 +27,7 @@ from ..errors import CdiplugError
 from . import add_world_options, world_from_args
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "vfio", help="bind PCI functions to vfio-pci and back by hand", description=__doc__.split("\n\n")[0]
     )

@@ -29,7 +29,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ..backend import Abilities
 from ..brief import format_ids
@@ -45,7 +44,7 @@ from ..model import (
     PreferredRequest,
 )
 from ..names import device_name, qualified_name
-from ..replicas import expand
+from ..replicas import expand, replica_id
 from ..resource import ResourceConfig
 from ..telemetry import NULL_RECORDER, Recorder
 from .preferred import Affinity, preferred_allocation
@@ -60,7 +59,7 @@ class Allocator:
 
     def __init__(
         self,
-        resource: ResourceConfig[Any],
+        resource: ResourceConfig[object],
         abilities: Abilities,
         preparations: Preparations | None = None,
         spec: SpecKeeper | None = None,
@@ -94,7 +93,7 @@ class Allocator:
         if advertised is snapshot:
             underlying: Mapping[str, Device] = {d.id: d for d in snapshot.devices}
         else:
-            underlying = {a.id: snapshot.get(a.id.rpartition("::")[0]) for a in advertised.devices}  # type: ignore[misc]
+            underlying = {replica_id(d.id, i): d for d in snapshot.devices for i in range(self.resource.replicas)}
         self._snapshot, self._advertised, self._underlying = snapshot, advertised, underlying
 
     @property
@@ -162,7 +161,11 @@ class Allocator:
             raise InvalidRequest(f"{what}: unknown device IDs {format_ids(unknown)}")
         if len(set(ids)) != len(ids):
             seen: set[str] = set()
-            twice = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
+            twice: list[str] = []
+            for i in ids:
+                if i in seen:
+                    twice.append(i)
+                seen.add(i)
             raise InvalidRequest(f"{what}: device IDs listed more than once: {format_ids(twice)}")
         devices = list({d.id: d for d in (underlying[i] for i in ids)}.values())
         for device in devices:

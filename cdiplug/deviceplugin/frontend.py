@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from ..errors import CdiplugError
 from ..host import BackendHost
@@ -81,7 +80,7 @@ class DevicePluginFrontEnd:
 
     # -- start and stop --
 
-    async def start(self, resources: Sequence[ResourceConfig[Any]]) -> None:
+    async def start(self, resources: Sequence[ResourceConfig[object]]) -> None:
         """Serve every resource and start registering; returns once all servers are serving."""
         async with self._lock:
             self._ensure_kubelet_dir()
@@ -122,7 +121,7 @@ class DevicePluginFrontEnd:
 
     # -- resources --
 
-    def _new_allocator(self, rc: ResourceConfig[Any]) -> Allocator:
+    def _new_allocator(self, rc: ResourceConfig[object]) -> Allocator:
         return Allocator(
             rc,
             self.host.abilities(rc.name),
@@ -131,7 +130,7 @@ class DevicePluginFrontEnd:
             self.recorder,
         )
 
-    def _new_resource(self, rc: ResourceConfig[Any]) -> ServedResource:
+    def _new_resource(self, rc: ResourceConfig[object]) -> ServedResource:
         allocator = self._new_allocator(rc)
         server = ResourceServer(rc.name, rc.socket_name, self.world.kubelet_dir, allocator)
         return ServedResource(rc, allocator, server, self.host.specs.keeper(rc.cdi_kind), self.recorder)
@@ -199,7 +198,7 @@ class DevicePluginFrontEnd:
 
     # -- reload --
 
-    async def reload(self, resources: Sequence[ResourceConfig[Any]], recreated: frozenset[str]) -> None:
+    async def reload(self, resources: Sequence[ResourceConfig[object]], recreated: frozenset[str]) -> None:
         """Serve ``resources`` from now on; ``recreated`` names those whose backend is new.
 
         Resources that did not change and whose backend stayed are not touched. A resource whose
@@ -210,6 +209,7 @@ class DevicePluginFrontEnd:
                 return
             wanted = {r.name: r for r in resources}
             removed = [r for n, r in self._resources.items() if n not in wanted]
+            res: ServedResource | None
             for res in removed:
                 del self._resources[res.name]
             await asyncio.gather(*(self._stop_resource(res) for res in removed))

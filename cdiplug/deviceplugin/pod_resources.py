@@ -12,7 +12,7 @@ Device IDs are reported as the kubelet knows them, so with ``replicas`` they are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -29,7 +29,7 @@ DEFAULT_TIMEOUT = 5.0
 _MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's own limit for this API
 
 
-def _freeze(value: Mapping[str, frozenset[str]]) -> Mapping[str, frozenset[str]]:
+def _freeze(value: Mapping[str, Iterable[str]]) -> Mapping[str, frozenset[str]]:
     return MappingProxyType({str(k): frozenset(v) for k, v in value.items()})
 
 

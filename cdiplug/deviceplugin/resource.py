@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from ..cdi.writer import same_spec
 from ..errors import CdiError
@@ -34,7 +33,7 @@ class ServedResource:
     """One resource's allocator, server and snapshot updates; registrations counted for metrics."""
 
     def __init__(
-        self, config: ResourceConfig[Any], allocator: Allocator, server: ResourceServer, spec: SpecKeeper, recorder: Recorder
+        self, config: ResourceConfig[object], allocator: Allocator, server: ResourceServer, spec: SpecKeeper, recorder: Recorder
     ) -> None:
         self.config = config
         self.allocator = allocator
@@ -123,7 +122,7 @@ class ServedResource:
 
     # -- reload --
 
-    def replace_allocator(self, config: ResourceConfig[Any], allocator: Allocator, spec: SpecKeeper) -> bool:
+    def replace_allocator(self, config: ResourceConfig[object], allocator: Allocator, spec: SpecKeeper) -> bool:
         """Serve a new config through ``allocator``; the server and its streams stay.
 
         True when the plugin options changed, so that the kubelet must be told again.

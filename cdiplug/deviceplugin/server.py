@@ -11,7 +11,7 @@ runs as root, talks to it). It turns what the core hands it into protobuf and ba
   (``cdiplug.deviceplugin.allocator.Allocator``) and convert its :class:`ContainerAllocation` answers.
 - Our exceptions become gRPC status codes here and nowhere else (:func:`status_for`). A request
   that does not parse (a device ID that is not valid UTF-8, say) reaches the RPC as
-  :class:`~cdiplug.deviceplugin.wire.Undecodable` and becomes INVALID_ARGUMENT naming the field; grpc's own handling would
+  :class:`Undecodable` and becomes INVALID_ARGUMENT naming the field; grpc's own handling would
   answer INTERNAL without a word. Status details and log lines are bounded (:data:`MAX_DETAILS`,
   ``cdiplug.brief``): a log line names the RPC and the request's size, never the whole request.
 
@@ -45,7 +45,7 @@ from ..errors import (
     SocketInUse,
 )
 from ..model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
-from .wire import Undecodable, add_servicer
+from ..wire import Undecodable, lenient
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,40 @@ def allocation_message(a: ContainerAllocation) -> pb.ContainerAllocateResponse:
     )
 
 
-# -- log lines and status details ---------------------------------------------------------------
+def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
+    """``add_DevicePluginServicer_to_server`` with :func:`lenient` request deserializers."""
+    handlers = {
+        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+            servicer.GetDevicePluginOptions,
+            request_deserializer=lenient(pb.Empty),
+            response_serializer=pb.DevicePluginOptions.SerializeToString,
+        ),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            servicer.ListAndWatch,
+            request_deserializer=lenient(pb.Empty),
+            response_serializer=pb.ListAndWatchResponse.SerializeToString,
+        ),
+        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+            servicer.GetPreferredAllocation,
+            request_deserializer=lenient(pb.PreferredAllocationRequest),
+            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+        ),
+        "Allocate": grpc.unary_unary_rpc_method_handler(
+            servicer.Allocate,
+            request_deserializer=lenient(pb.AllocateRequest),
+            response_serializer=pb.AllocateResponse.SerializeToString,
+        ),
+        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+            servicer.PreStartContainer,
+            request_deserializer=lenient(pb.PreStartContainerRequest),
+            response_serializer=pb.PreStartContainerResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+SERVICE = "v1beta1.DevicePlugin"
 
 
 def _summary(requests: Sequence[Sequence[str]]) -> str:
@@ -229,7 +262,7 @@ class ResourceServer:
         await clear_stale_socket(self.socket_path)
         temp = self.socket_path.with_name(f".cdiplug-{os.getpid()}-{next(_temp_names)}.sock")
         server = grpc.aio.server()
-        add_servicer(_Servicer(self), server)
+        _add_servicer(_Servicer(self), server)
         try:
             if server.add_insecure_port(f"unix://{temp}") == 0:
                 raise SocketInUse(f"cannot bind a socket in {self.socket_path.parent}")
@@ -319,13 +352,17 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, server: ResourceServer) -> None:
         self._s = server
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=self._s.pre_start_required,
             get_preferred_allocation_available=True,
         )
 
-    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse]
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
         queue = self._s._open_stream()
         try:
             while True:
@@ -337,8 +374,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             # Reached too when the kubelet cancels: grpc cancels this task at queue.get().
             self._s._close_stream(queue)
 
-    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
-        if type(request) is Undecodable:
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest | Undecodable,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        if isinstance(request, Undecodable):
             await self._abort(context, "Allocate", "(undecodable)", InvalidRequest(request.reason))
         requests = [list(r.devices_ids) for r in request.container_requests]
         try:
@@ -348,9 +389,11 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
 
     async def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.PreferredAllocationRequest | Undecodable,
+        context: grpc.aio.ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
     ) -> pb.PreferredAllocationResponse:
-        if type(request) is Undecodable:
+        if isinstance(request, Undecodable):
             await self._abort(context, "GetPreferredAllocation", "(undecodable)", InvalidRequest(request.reason))
         requests = [
             PreferredRequest(
@@ -369,9 +412,11 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         )
 
     async def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.PreStartContainerRequest | Undecodable,
+        context: grpc.aio.ServicerContext[pb.PreStartContainerRequest, pb.PreStartContainerResponse],
     ) -> pb.PreStartContainerResponse:
-        if type(request) is Undecodable:
+        if isinstance(request, Undecodable):
             await self._abort(context, "PreStartContainer", "(undecodable)", InvalidRequest(request.reason))
         ids = list(request.devices_ids)
         try:
@@ -380,7 +425,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             await self._abort(context, "PreStartContainer", _summary([ids]), exc)
         return pb.PreStartContainerResponse()
 
-    async def _abort(self, context: grpc.aio.ServicerContext, rpc: str, summary: str, exc: Exception) -> NoReturn:
+    async def _abort(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, summary: str, exc: Exception) -> NoReturn:
         """Answer ``exc`` as a status; ``summary`` says how big the request was (never its IDs)."""
         code = status_for(exc)
         extra = {"resource": self._s.resource}

@@ -52,8 +52,8 @@ class SnapshotListener(Protocol):
     def offer(self, snapshot: DeviceSnapshot) -> None: ...
 
 
-def group_by_backend(resources: Sequence[ResourceConfig[Any]]) -> dict[str, tuple[ResourceConfig[Any], ...]]:
-    groups: dict[str, list[ResourceConfig[Any]]] = {}
+def group_by_backend(resources: Sequence[ResourceConfig[object]]) -> dict[str, tuple[ResourceConfig[object], ...]]:
+    groups: dict[str, list[ResourceConfig[object]]] = {}
     for r in resources:
         groups.setdefault(r.backend, []).append(r)
     return {k: tuple(v) for k, v in groups.items()}
@@ -85,7 +85,7 @@ class _Sink:
 
 
 class _BackendRun:
-    def __init__(self, host: BackendHost, plugin: str, resources: tuple[ResourceConfig[Any], ...], backend: Backend) -> None:
+    def __init__(self, host: BackendHost, plugin: str, resources: tuple[ResourceConfig[object], ...], backend: Backend) -> None:
         self.plugin = plugin
         self.resources = resources
         self.names = frozenset(r.name for r in resources)
@@ -127,10 +127,6 @@ class BackendHost:
 
     # -- what front ends ask --
 
-    def config(self, resource: str) -> ResourceConfig[Any]:
-        run = self._by_resource[resource]
-        return next(r for r in run.resources if r.name == resource)
-
     def abilities(self, resource: str) -> Abilities:
         return self._by_resource[resource].abilities
 
@@ -159,7 +155,7 @@ class BackendHost:
 
     # -- lifecycle --
 
-    def create(self, resources: Sequence[ResourceConfig[Any]]) -> None:
+    def create(self, resources: Sequence[ResourceConfig[object]]) -> None:
         """Create (not run) a backend per plugin; raises before anything changed when one fails."""
         runs = self._create(group_by_backend(resources))
         for run in runs:
@@ -181,7 +177,7 @@ class BackendHost:
         self._runs.clear()
         self._by_resource.clear()
 
-    async def reload(self, resources: Sequence[ResourceConfig[Any]]) -> frozenset[str]:
+    async def reload(self, resources: Sequence[ResourceConfig[object]]) -> frozenset[str]:
         """Recreate the backends whose resources changed; the names of the resources they serve.
 
         Raises (changing nothing) when a new backend cannot be created.
@@ -194,9 +190,11 @@ class BackendHost:
             run = self._runs.pop(plugin)
             run.sink.active = False
             await self.supervisor.cancel(run.task_name)
+            staying = {name for r in runs for name in r.names}
             for name in run.names:
                 self._by_resource.pop(name, None)
-                self._latest_keep_or_drop(name, keep=any(name in r.names for r in runs))
+                if name not in staying:  # one that stays keeps its last snapshot until the new backend reports
+                    self._latest.pop(name, None)
             log.info("stopped backend %s", plugin)
         for run in runs:
             self._add(run)
@@ -205,12 +203,7 @@ class BackendHost:
                 log.info("started backend %s for %s", run.plugin, ", ".join(sorted(run.names)))
         return frozenset(name for run in runs for name in run.names)
 
-    def _latest_keep_or_drop(self, name: str, keep: bool) -> None:
-        # A resource that stays keeps its last snapshot until the new backend reports.
-        if not keep:
-            self._latest.pop(name, None)
-
-    def _create(self, groups: Mapping[str, tuple[ResourceConfig[Any], ...]]) -> list[_BackendRun]:
+    def _create(self, groups: Mapping[str, tuple[ResourceConfig[object], ...]]) -> list[_BackendRun]:
         runs = []
         for plugin, resources in groups.items():
             try:

@@ -6,6 +6,8 @@
 - :class:`FakeNvml` (``cdiplug.testing.nvml``): an NVML stand-in with topology and XID events.
 - :class:`RecordingSink` and ``running`` (``cdiplug.testing.sink``): run a backend under test and
   await what it reports.
+- :func:`running_daemon` (``cdiplug.testing.daemon``): the daemon of ``cdiplug serve`` in the
+  caller's event loop until a block ends.
 
 Names are imported on first use, so using one fake does not import the others' dependencies.
 """
@@ -21,6 +23,7 @@ _EXPORTS = {
     "FakeNvml": "nvml",
     "RecordingSink": "sink",
     "PodResourcesStandIn": "pod_resources",
+    "running_daemon": "daemon",
 }
 
 __all__ = list(_EXPORTS)

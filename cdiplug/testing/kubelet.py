@@ -73,7 +73,9 @@ class _Registration(pb_grpc.RegistrationServicer):
     def __init__(self, owner: KubeletStandIn) -> None:
         self.owner = owner
 
-    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+    async def Register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[pb.RegisterRequest, pb.Empty]
+    ) -> pb.Empty:
         return await self.owner._register(request, context)
 
 
@@ -162,7 +164,9 @@ class KubeletStandIn:
 
     # --- Register and ListAndWatch ------------------------------------------------------------
 
-    async def _register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+    async def _register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[pb.RegisterRequest, pb.Empty]
+    ) -> pb.Empty:
         received_at = time.monotonic()
         resource = request.resource_name
         problem = register_problem(request.version, resource, request.endpoint, self.kubelet_dir)

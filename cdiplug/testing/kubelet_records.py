@@ -62,7 +62,9 @@ class ContainerResult:
     """What one container got: the plugin's answer per resource, in request order."""
 
     name: str
-    allocations: tuple[tuple[str, ContainerAllocation], ...] = field(default=(), converter=tuple)
+    allocations: tuple[tuple[str, ContainerAllocation], ...] = field(
+        default=(), converter=tuple[tuple[str, ContainerAllocation], ...]
+    )
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -79,7 +81,7 @@ class PodResult:
     phase: PodPhase
     reason: str = ""
     message: str = ""
-    containers: tuple[ContainerResult, ...] = field(default=(), converter=tuple)
+    containers: tuple[ContainerResult, ...] = field(default=(), converter=tuple[ContainerResult, ...])
     code: str | None = None  # grpc.StatusCode name when a plugin call failed
 
     @property

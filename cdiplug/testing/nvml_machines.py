@@ -9,7 +9,7 @@ hardware; answering pynvml calls about it is ``cdiplug.testing.nvml``'s job.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from attrs import define, field, frozen
 
@@ -28,6 +28,14 @@ from .nvml_values import (
 TopologyFn = Callable[[int, int], int]
 
 
+def _int_set(values: Iterable[int]) -> frozenset[int]:
+    return frozenset(values)
+
+
+def _str_set(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(values)
+
+
 @define
 class FakeGpu:
     """One GPU of the fake machine.
@@ -43,8 +51,8 @@ class FakeGpu:
     pci_bus_id: str = "0000:00:00.0"
     minor: int = 0
     numa_node: int | None = None
-    nvlinks: tuple[str, ...] = field(default=(), converter=tuple)
-    down_links: frozenset[int] = field(default=frozenset(), converter=frozenset)
+    nvlinks: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
+    down_links: frozenset[int] = field(default=frozenset(), converter=_int_set)
     mig_mode: int | None = NVML_DEVICE_MIG_DISABLE
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeSingleBitEccError
 
@@ -53,9 +61,9 @@ class FakeGpu:
 class Machine:
     """A made-up machine: its GPUs, the PCIe level between two GPU indices, its NVSwitches' bus IDs."""
 
-    gpus: tuple[FakeGpu, ...] = field(converter=tuple)
+    gpus: tuple[FakeGpu, ...] = field(converter=tuple[FakeGpu, ...])
     topology: TopologyFn
-    switches: frozenset[str] = field(default=frozenset(), converter=frozenset)
+    switches: frozenset[str] = field(default=frozenset(), converter=_str_set)
 
 
 def nvswitch8(name: str = "NVIDIA H100 80GB HBM3") -> Machine:

@@ -51,7 +51,7 @@ class PodResourcesStandIn(pb_grpc.PodResourcesListerServicer):
         ]
         return pb.PodResources(name=name, namespace=namespace, containers=containers)
 
-    async def _check(self, context: grpc.aio.ServicerContext) -> None:
+    async def _check(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if self.fail_with is not None:
             await context.abort(self.fail_with, "stand-in told to fail")
 

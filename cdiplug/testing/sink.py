@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from ..backend import Backend
 from ..model import DeviceSnapshot
+from ..resource import ResourceConfig
 
 DEADLINE = 5.0
+
+
+class BackendWithResources(Backend, Protocol):
+    """A backend that keeps the resources it was made for (the bundled ones do)."""
+
+    @property
+    def resources(self) -> Sequence[ResourceConfig[object]]: ...
 
 
 class RecordingSink:
@@ -54,7 +62,7 @@ class RecordingSink:
 
 @contextlib.asynccontextmanager
 async def running(
-    backend: Backend, sink: RecordingSink, resources: Iterable[str] | None = None, timeout: float = DEADLINE
+    backend: BackendWithResources, sink: RecordingSink, resources: Iterable[str] | None = None, timeout: float = DEADLINE
 ) -> AsyncIterator[asyncio.Task[None]]:
     """Run ``backend`` until the block ends; ``resources`` (default: every one of the backend's)
     have published by the time the block is entered. Yields the backend's task."""

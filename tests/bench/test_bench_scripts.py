@@ -2,15 +2,20 @@
 
 Speed and memory goals are judged by reading the printed figures, never here; this only keeps
 the scripts from rotting as the code under them changes. Each runs as a subprocess with small
-knobs, against the real daemon (bench_daemon) and a built sysfs tree (bench_pci_scan).
+knobs, against the real daemon and the floor plugin (bench_daemon, bench_scale) and a built sysfs
+tree (bench_pci_scan). Figures must be present and well-formed (a number, the floor's number and
+their ratio where the floor is measured, a goal and whether it is met); their values are not judged.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,35 +28,135 @@ def run_bench(script: str, *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_bench_daemon_reports_every_figure() -> None:
-    figures = run_bench(
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_figure(name: str, fig: dict, *, floor: bool) -> None:
+    """One figure: cdiplug's value; with ``floor``, the floor's and a ratio that is their quotient;
+    a goal (text or None) and ``met`` (bool, or None exactly when there is no goal)."""
+    assert is_number(fig["cdiplug"]), (name, fig)
+    if floor:
+        assert is_number(fig["floor"]) and fig["floor"] > 0, (name, fig)
+        assert is_number(fig["ratio"]), (name, fig)
+        assert math.isclose(fig["ratio"], fig["cdiplug"] / fig["floor"], rel_tol=0.02, abs_tol=0.002), (name, fig)
+    assert fig["goal"] is None or isinstance(fig["goal"], str), (name, fig)
+    assert (fig["met"] is None) == (fig["goal"] is None), (name, fig)
+    assert fig["met"] is None or isinstance(fig["met"], bool), (name, fig)
+
+
+def not_met(figures: dict, prefix: str = "") -> list[str]:
+    """The figures whose goal is not met, nested dicts walked (``"4096.rss_idle_mib"``)."""
+    out = []
+    for name, value in figures.items():
+        if "met" in value:
+            out += [prefix + name] if value["met"] is False else []
+        else:
+            out += not_met(value, f"{prefix}{name}.")
+    return out
+
+
+def check_missed(figures: dict, missed: list[str]) -> None:
+    """``missed`` names exactly the figures whose goal is not met."""
+    assert sorted(missed) == sorted(not_met(figures))
+
+
+WITH_FLOOR = ("start_registered_s", "start_listed_s", "rss_idle_mib", "rss_anon_idle_mib", "allocate_p50_ms")
+
+
+def test_bench_daemon_reports_every_figure_beside_the_floor() -> None:
+    result = run_bench(
         "bench_daemon.py",
         "--resources",
         "2",
         "--devices",
         "8",
+        "--starts",
+        "1",
         "--calls",
         "50",
         "--seconds",
         "0.5",
-        "--restarts",
-        "1",
+        "--mem-allocates",
+        "100",
         "--health-rounds",
         "2",
+        "--health-changes",
+        "4",
+        "--restarts",
+        "1",
     )
-    for key in (
-        "start_s",
+    figures = result["figures"]
+    for name in (
+        *WITH_FLOOR,
+        "rss_file_idle_mib",
+        "allocate_p99_ms",
+        "allocate_per_s",
+        "cpu_ms_per_allocate",
+        "rss_after_load_mib",
+    ):
+        check_figure(name, figures[name], floor=True)
+    for name in (
+        "rss_growth_after_allocates_mib",
+        "rss_growth_after_health_changes_mib",
+        "health_update_ms_p50",
+        "health_update_ms_max",
+        "health_burst_ms_p50",
+        "health_burst_ms_max",
         "reregister_s",
-        "allocate_ms_p50",
-        "allocate_ms_p99",
+        "exit_status",
+    ):
+        check_figure(name, figures[name], floor=False)
+    for name in (
+        "start_registered_s",
+        "rss_idle_mib",
+        "allocate_p50_ms",
         "allocate_per_s",
         "health_update_ms_p50",
-        "rss_mib_idle",
-        "rss_mib_after_load",
+        "rss_growth_after_allocates_mib",
+        "rss_growth_after_health_changes_mib",
     ):
-        assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
-    assert figures["exit_status"] == 0
-    assert set(figures["missed"]) <= set(figures["goals"])
+        assert figures[name]["goal"], name  # the goals of issue #13 are stated beside the figures
+    rss = figures["rss_idle_mib"]
+    assert math.isclose(rss["over_floor"], rss["cdiplug"] - rss["floor"], abs_tol=0.11)  # each rounded to 0.1
+    assert figures["rss_growth_after_allocates_mib"]["allocates"] == 100
+    assert is_number(figures["rss_growth_after_allocates_mib"]["floor_growth"])
+    assert figures["rss_growth_after_health_changes_mib"]["health_changes"] == 4
+    assert figures["health_update_ms_p50"]["changes"] == 2 and figures["health_burst_ms_p50"]["changes"] == 4
+    assert is_number(figures["health_update_ms_p50"]["stand_in_ms"])
+    assert result["bytecode_cache"] is True
+    assert figures["exit_status"]["cdiplug"] == 0 and figures["exit_status"]["floor_exit_status"] == 0
+    assert len(figures["start_registered_s"]["each"]["floor"]) == 1
+    check_missed(figures, result["missed"])
+
+
+def test_bench_scale_reports_every_size() -> None:
+    result = run_bench("bench_scale.py", "--sizes", "8,16", "--calls", "20", "--preferred-calls", "3", "--health-changes", "2")
+    assert sorted(result["sizes"]) == ["16", "8"]
+    for size, figures in result["sizes"].items():
+        for name in (*WITH_FLOOR, "rss_after_load_mib", "preferred_p50_ms", "preferred_must_include_p50_ms"):
+            check_figure(f"{size}.{name}", figures[name], floor=True)
+        for name in ("health_update_ms_p50", "health_update_ms_max", "health_burst_ms_p50", "health_burst_ms_max", "exit_status"):
+            check_figure(f"{size}.{name}", figures[name], floor=False)
+        assert figures["health_update_ms_p50"]["goal"] == "<= 10.0 ms"  # 128 devices or fewer
+        assert figures["preferred_must_include_p50_ms"]["goal"] == "<= 10.0 ms"
+        assert figures["exit_status"]["cdiplug"] == 0
+    check_missed(result["sizes"], result["missed"])
+
+
+def test_floor_plugin_imports_nothing_of_cdiplug_but_the_stubs() -> None:
+    """The floor stays thin: loading it must not run cdiplug's package __init__ files."""
+    code = textwrap.dedent(
+        f"""
+        import json, runpy, sys
+        runpy.run_path({str(ROOT / "bench" / "floor_plugin.py")!r}, run_name="floor")
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith(("cdiplug", "_floor_stubs")))))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded == ["_floor_stubs", "_floor_stubs.deviceplugin_v1beta1_pb2", "_floor_stubs.deviceplugin_v1beta1_pb2_grpc"]
 
 
 def test_bench_pci_scan_reports_the_scan_time() -> None:

@@ -93,14 +93,35 @@ class PreStartingBackend(ScriptedBackend):
         return None
 
 
+class FailingBackend(ScriptedBackend):
+    """Publishes its devices, then fails (raises) whenever a test says, every run."""
+
+    created: list[ScriptedBackend]
+    runs = 0
+    fail = asyncio.Event
+
+    async def run(self, sink: SnapshotSink) -> None:
+        type(self).runs += 1
+        self.sink = sink
+        for name in self.resources:
+            sink.publish(self.snapshot(name))
+        self.running.set()
+        await type(self).fail.wait()
+        raise OSError(5, "Input/output error from the make-believe hardware")
+
+
 @pytest.fixture
 def plugins() -> PluginRegistry:
     ScriptedBackend.created = []
     PreStartingBackend.created = []
+    FailingBackend.created = []
+    FailingBackend.runs = 0
+    FailingBackend.fail = asyncio.Event()
     return PluginRegistry(
         {
             "scripted": BackendPlugin("scripted", ScriptedOptions, ScriptedBackend),
             "prestart": BackendPlugin("prestart", ScriptedOptions, PreStartingBackend),
+            "failing": BackendPlugin("failing", ScriptedOptions, FailingBackend),
             "fake": fake_plugin,
         }
     )
@@ -136,9 +157,12 @@ class Running:
         )
 
 
-async def start(world: World, plugins: PluginRegistry, config: Config, registry: CollectorRegistry) -> AsyncIterator[Running]:
+async def start(
+    world: World, plugins: PluginRegistry, config: Config, registry: CollectorRegistry, metrics: Metrics | None = None
+) -> AsyncIterator[Running]:
     supervisor = Supervisor()
-    manager = Node(config, world, supervisor, plugins=plugins, recorder=Metrics(registry=registry))
+    metrics = metrics if metrics is not None else Metrics(registry=registry)
+    manager = Node(config, world, supervisor, plugins=plugins, recorder=metrics, backoff=(0.02, 0.08))
     async with KubeletStandIn(world.kubelet_dir) as kubelet:
         await manager.start()
         try:
@@ -256,6 +280,45 @@ async def test_a_failed_cdi_write_is_logged_not_fatal(
         pod = await r.kubelet.admit_pod("p", {A: 1})
         assert not pod.admitted
         assert "CDI" in pod.message
+
+
+# -- fault isolation ----------------------------------------------------------------------------
+
+
+async def test_a_failing_backend_is_restarted_and_the_others_keep_serving(
+    world: World, plugins: PluginRegistry, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_of(
+        plugins,
+        {"name": A, "backend": "failing", "options": {"count": 2}},
+        {"name": B, "backend": "scripted", "options": {"count": 2}},
+        {"name": C, "backend": "fake", "options": {"count": 1}},
+    )
+    metrics = Metrics(registry=registry)
+    async for r in start(world, plugins, config, registry, metrics):
+        kubelet = r.kubelet
+        await kubelet.wait_until(lambda: kubelet.allocatable(A) == 2, 5, "A listed")
+        FailingBackend.fail.set()  # from now on every run of A's backend fails at once
+        # Still registered, its devices listed Unhealthy: no new pod lands on them.
+        await kubelet.wait_until(lambda: kubelet.capacity(A) == 2 and kubelet.allocatable(A) == 0, 5, "A unhealthy")
+        await kubelet.wait_until(lambda: FailingBackend.runs >= 4, 5, "A's backend restarted, with backoff")
+        assert kubelet.is_registered(A)
+        assert not (await kubelet.admit_pod("on-a", {A: 1})).admitted
+        # Every other resource serves on, untouched.
+        assert (kubelet.allocatable(B), kubelet.allocatable(C)) == (2, 1)
+        assert (await kubelet.admit_pod("on-b", {B: 2})).admitted
+        assert r.supervisor.failure is None
+        assert metrics.backends_down() == [A]
+        assert not metrics.ready()
+        assert sample(registry, "cdiplug_backend_restarts_total", backend="failing") >= 3
+        failures = [rec for rec in caplog.records if "backend failing failed" in rec.getMessage()]
+        assert (
+            failures and "Input/output error" in failures[0].getMessage() and "restarting in 0.02 s" in failures[0].getMessage()
+        )
+        # The hardware comes back: the next run reports, the devices are healthy, /readyz is too.
+        FailingBackend.fail = asyncio.Event()
+        await kubelet.wait_until(lambda: kubelet.allocatable(A) == 2, 5, "A healthy again")
+        assert metrics.backends_down() == [] and metrics.ready()
 
 
 # -- kubelet restarts --------------------------------------------------------------------------

@@ -36,9 +36,8 @@ from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.version import parse
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.config import Config, ResourceConfig, parse_config
-from cdiplug.daemon import serve
 from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, running_daemon
 from cdiplug.world import World
 from cdiplug_backends.fake import plugin as fake_plugin
 
@@ -309,16 +308,10 @@ PLUGINS = {"fake": fake_plugin, "e2e-node": NODE_PLUGIN}
 @contextlib.asynccontextmanager
 async def node(config: Config, world: World) -> AsyncIterator[KubeletStandIn]:
     """The daemon in this event loop, registered with the kubelet stand-in."""
-    stop = asyncio.Event()
-    async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        task = asyncio.create_task(serve(config, world, plugins=PLUGINS, stop=stop), name="daemon under test")
-        try:
-            for resource in RESOURCES:
-                await kubelet.wait_registered(resource, timeout=20)
-            yield kubelet
-        finally:
-            stop.set()
-            assert await asyncio.wait_for(task, 20) == 0
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, running_daemon(config, world, plugins=PLUGINS):
+        for resource in RESOURCES:
+            await kubelet.wait_registered(resource, timeout=20)
+        yield kubelet
 
 
 async def test_allocate_answers_work_in_podman(podman_env: dict[str, str], cdi_files: list[Path], world: World) -> None:

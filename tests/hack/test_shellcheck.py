@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), ROOT / ".ci" / "run"])
+SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), *ROOT.glob("hack/lib/*.sh"), ROOT / ".ci" / "run"])
 
 
 def test_there_are_scripts_to_check() -> None:
@@ -24,5 +24,8 @@ def test_there_are_scripts_to_check() -> None:
 def test_script_is_shellcheck_clean(script: Path) -> None:
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is not installed (apt-get install shellcheck)"
-    result = subprocess.run([shellcheck, "--severity=style", "--shell=bash", str(script)], capture_output=True, text=True)
+    # -x from the checkout root: sourced helpers (hack/lib) are followed and checked in place.
+    result = subprocess.run(
+        [shellcheck, "-x", "--severity=style", "--shell=bash", str(script)], capture_output=True, text=True, cwd=ROOT
+    )
     assert result.returncode == 0, result.stdout + result.stderr

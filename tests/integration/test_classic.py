@@ -11,7 +11,6 @@ requests) get INVALID_ARGUMENT naming the IDs; 64 concurrent Allocates all get t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import grpc
 import pytest
 
 from cdiplug.config import Config, parse_config
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, running_daemon
 from cdiplug.testing.kubelet import PodPhase
 from cdiplug.world import World
 
@@ -47,20 +46,6 @@ def config(health_file: Path) -> Config:
         },
         source="test_classic",
     )
-
-
-@contextlib.asynccontextmanager
-async def running_daemon(config: Config, world: World) -> AsyncIterator[None]:
-    """The daemon of ``cdiplug serve``, in this event loop, until the block ends."""
-    from cdiplug.daemon import serve
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, world, stop=stop), name="daemon under test")
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import yaml
 from cdiplug.backend import BackendPlugin, load_plugins
 from cdiplug.config import Config, parse_config
 from cdiplug.errors import BackendInitError
-from cdiplug.testing import FakeNvml, KubeletStandIn
+from cdiplug.testing import FakeNvml, KubeletStandIn, running_daemon
 from cdiplug.testing import nvml as fake_module
 from cdiplug.world import World
 from cdiplug_backends.nvidia import make_plugin
@@ -76,16 +76,9 @@ def plugins(fake: FakeNvml) -> dict[str, BackendPlugin[Any]]:
 
 @contextlib.asynccontextmanager
 async def daemon(config: Config, world: World, fake: FakeNvml) -> AsyncIterator[asyncio.Task[int]]:
-    from cdiplug.daemon import serve
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(config, world, plugins=plugins(fake), stop=stop), name="daemon under test")
-    try:
-        yield task
-    finally:
-        stop.set()
-        with contextlib.suppress(BackendInitError):
-            await asyncio.wait_for(task, 10)
+    with contextlib.suppress(BackendInitError):
+        async with running_daemon(config, world, plugins=plugins(fake)) as task:
+            yield task
 
 
 @contextlib.asynccontextmanager

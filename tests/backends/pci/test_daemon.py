@@ -17,8 +17,7 @@ import pytest
 
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import parse_config
-from cdiplug.daemon import serve
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, running_daemon
 from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug.world import World
 from cdiplug_backends.pci import PciBackend, PciOptions
@@ -45,16 +44,10 @@ async def daemon(world: World, kernel: FakeSysfsKernel, mountinfo: Path) -> Asyn
         "test_daemon",
         {"pci": plugin},
     )
-    stop = asyncio.Event()
-    async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        task = asyncio.create_task(serve(config, world, plugins={"pci": plugin}, stop=stop), name="daemon under test")
-        try:
-            for resource in (NIC, NVME):
-                await kubelet.wait_registered(resource, timeout=20)
-            yield kubelet
-        finally:
-            stop.set()
-            assert await asyncio.wait_for(task, 20) == 0
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, running_daemon(config, world, plugins={"pci": plugin}):
+        for resource in (NIC, NVME):
+            await kubelet.wait_registered(resource, timeout=20)
+        yield kubelet
 
 
 @pytest.fixture

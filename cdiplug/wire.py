@@ -1,26 +1,21 @@
-"""Request deserializers for the DevicePlugin service that never fail: what protobuf refuses becomes
-:class:`Undecodable`, which the RPC answers with INVALID_ARGUMENT naming the field.
+"""Requests that protobuf refuses to parse, turned into a value a gRPC edge can answer.
 
-grpc's own handling of a request that does not parse (a device ID that is not valid UTF-8 in a
-``string`` field, a truncated message) is an INTERNAL status without a word. :func:`lenient` wraps
-a message type's ``FromString``: the good path is that one call; only on failure is the wire
-format walked (:func:`_bad_string`) to say which field, at which index, holds bytes that are not
-UTF-8. :func:`add_servicer` registers the service with these deserializers. The boundary: bytes to
-messages; status codes are ``cdiplug.deviceplugin.server``'s.
+grpc's default deserializer raises on a request it cannot parse (a ``string`` field that is not
+valid UTF-8, say), and the caller then sees an opaque INTERNAL. :func:`lenient` deserializers
+answer an :class:`Undecodable` instead, whose :attr:`~Undecodable.reason` names the message, its
+size and the first field that is not valid UTF-8 (found by walking the wire format), so the RPC
+can answer INVALID_ARGUMENT. Used by every gRPC edge (device plugin, DRA); no gRPC here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-import grpc
-import grpc.aio
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from ..api import deviceplugin_v1beta1_pb2 as pb
-from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ..brief import brief
+from .brief import brief
 
 
 class Undecodable:
@@ -34,7 +29,7 @@ class Undecodable:
         self.reason = f"cannot parse {name} ({len(data):,} bytes): " + (found or "not a valid protobuf message")
 
 
-def lenient(message_type: type[Message]) -> Any:
+def lenient(message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
     """A request deserializer that answers :class:`Undecodable` instead of raising."""
     parse = message_type.FromString
 
@@ -58,7 +53,8 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _bad_string(descriptor: Descriptor, data: bytes, where: str) -> str | None:
+def _bad_string(descriptor: Any, data: bytes, where: str) -> str | None:
+    # ``descriptor``: protobuf's Descriptor, the pure-Python or the upb one (they share no type).
     """Where a string field of ``data`` is not valid UTF-8 (``field[i]``), walking the wire format."""
     counts: dict[int, int] = {}
     pos = 0
@@ -98,40 +94,5 @@ def _repeated(field: FieldDescriptor) -> bool:
     is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 6.31; label is deprecated
     if is_repeated is not None:
         return bool(is_repeated)
-    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
-
-
-def add_servicer(servicer: pb_grpc.DevicePluginServicer, server: grpc.aio.Server) -> None:
-    """``add_DevicePluginServicer_to_server`` with :func:`lenient` request deserializers."""
-    handlers = {
-        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-            servicer.GetDevicePluginOptions,
-            request_deserializer=lenient(pb.Empty),
-            response_serializer=pb.DevicePluginOptions.SerializeToString,
-        ),
-        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-            servicer.ListAndWatch,
-            request_deserializer=lenient(pb.Empty),
-            response_serializer=pb.ListAndWatchResponse.SerializeToString,
-        ),
-        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-            servicer.GetPreferredAllocation,
-            request_deserializer=lenient(pb.PreferredAllocationRequest),
-            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
-        ),
-        "Allocate": grpc.unary_unary_rpc_method_handler(
-            servicer.Allocate,
-            request_deserializer=lenient(pb.AllocateRequest),
-            response_serializer=pb.AllocateResponse.SerializeToString,
-        ),
-        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-            servicer.PreStartContainer,
-            request_deserializer=lenient(pb.PreStartContainerRequest),
-            response_serializer=pb.PreStartContainerResponse.SerializeToString,
-        ),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
-
-
-SERVICE = "v1beta1.DevicePlugin"
+    label: int = getattr(field, "label")  # noqa: B009 - deprecated, absent from newer stubs
+    return label == FieldDescriptor.LABEL_REPEATED

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The README's test command, and what .ci/run runs: install what the tests need, check, test.
+#
+#   hack/test.sh [PYTEST ARGS...]
+#
+# 1. Debian packages the end-to-end tests use (podman and runc for CDI, QEMU and busybox for the
+#    VFIO VM test, shellcheck, iproute2) through apt, as root or with sudo;
+# 2. the project with its test extra into .venv (hack/lib/venv.sh);
+# 3. the static checks: ruff format and lint, mypy --strict, import-linter's layer contracts;
+# 4. pytest -m "not cluster", as root (the tests bind devices, mount, write /var/run/cdi; sudo
+#    for a normal user);
+# 5. the cluster tests on a real one-node cluster (hack/local-cluster.sh: up, the image built
+#    from this tree, pytest -m cluster, down; on a failure the tail of every component's log).
+# pytest's "no test collected" (exit 5) is a failure. With PYTEST ARGS only pytest gets them
+# (no checks, no cluster): a quick local run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=hack/lib/venv.sh
+source hack/lib/venv.sh
+
+apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
+  etcd-server debootstrap containernetworking-plugins curl openssl
+ensure_venv
+.venv/bin/python -m pip install -q -e '.[test]'
+
+status=0
+# step WHAT CMD...: run CMD; a failure (and pytest's exit 5) makes the run fail; its code in $rc.
+step() {
+  local what=$1
+  rc=0
+  shift
+  "$@" || rc=$?
+  if ((rc == 5)) && [[ $what == pytest* ]]; then
+    echo "$0: $what collected no tests; that is a failure" >&2
+    rc=1
+  fi
+  ((rc == 0)) || { echo "$0: $what failed (exit $rc)" >&2; status=1; }
+}
+
+if (($#)); then
+  step "pytest $*" as_root .venv/bin/python -m pytest "$@"
+  exit $status
+fi
+
+step "ruff format" .venv/bin/ruff format --check --quiet .
+step "ruff check" .venv/bin/ruff check --quiet .
+step "mypy --strict" .venv/bin/mypy
+step "import contracts" .venv/bin/lint-imports --no-cache
+step "pytest (all but the cluster tests)" as_root .venv/bin/python -m pytest -m "not cluster"
+
+# The cluster part. kubectl (with kustomize) is no Debian package: these machines have it.
+if ! command -v kubectl >/dev/null; then
+  echo "$0: kubectl is missing (a release binary in /usr/bin); the cluster tests need it" >&2
+  exit 1
+fi
+trap 'as_root hack/local-cluster.sh down || true' EXIT
+started=$SECONDS
+cluster_status=0
+if as_root hack/local-cluster.sh up && as_root hack/local-cluster.sh images; then
+  echo "$0: cluster up and image built in $((SECONDS - started)) s"
+  step "pytest -m cluster" as_root .venv/bin/python -m pytest -m cluster tests/cluster --durations=0
+  cluster_status=$rc
+else
+  echo "$0: the local cluster did not come up" >&2
+  status=1 cluster_status=1
+fi
+echo "$0: cluster part took $((SECONDS - started)) s"
+if ((cluster_status)); then
+  echo "$0: the last lines of each component's log:" >&2
+  as_root hack/local-cluster.sh logs -n 60 >&2 || true
+fi
+exit $status
