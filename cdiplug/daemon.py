@@ -128,8 +128,8 @@ class Daemon:
                     await self.supervisor.close()
                     await node.stop()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            for installed_sig in installed:
+                loop.remove_signal_handler(installed_sig)
             if installed:
                 signals.reinstall()
         log.info("stopped cleanly")

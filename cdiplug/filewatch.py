@@ -119,9 +119,11 @@ class FolderWatch:
             return
         offset = 0
         while offset + _HEADER.size <= len(data):
-            _wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
+            wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
             name = data[offset + _HEADER.size : offset + _HEADER.size + length].split(b"\0", 1)[0]
             offset += _HEADER.size + length
+            if wd != self._wd and self._wd >= 0:
+                continue  # the late end of a watch on a folder that was replaced since
             if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
                 self._wd = -1
                 self._pending.add(FOLDER)
@@ -145,7 +147,9 @@ class FolderWatch:
             if FOLDER in batch and self._wd < 0:
                 if self._gone_first:
                     yield batch  # the consumer may re-create the folder now
-                    await self._rearm_when_back()
+                    while self._fd >= 0 and not self._arm():  # gone again, or not re-created
+                        await asyncio.sleep(self._rearm_interval)  # nothing to wait on but time
+                        yield {FOLDER}
                     batch = {FOLDER}  # what changed before the watch was armed again: look again
                 else:
                     await self._rearm_when_back()

@@ -281,6 +281,15 @@ def test_probes_point_at_the_metrics_port(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", DAEMON_KUSTOMIZATIONS)
+def test_metrics_listen_on_the_pod_ip_only(name: str) -> None:
+    """Issue #12: the endpoint has no authentication; never every interface of the node."""
+    d = daemon(name)
+    assert d.flags["metrics-address"].rpartition(":")[0] == "$(POD_IP)"
+    env = {e["name"]: e for e in d.container.get("env", [])}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.parametrize("name", DAEMON_KUSTOMIZATIONS)
 def test_command_line_is_what_cdiplug_serve_accepts(name: str) -> None:
     d = daemon(name)
     parsed = build_parser().parse_args(d.container["args"])
