@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
-from cdiplug.deviceplugin.server import ListCache, list_message
+from cdiplug.deviceplugin.messages import ListCache, list_message
 from cdiplug.model import Device, DeviceSnapshot, Health
 
 
@@ -58,7 +58,7 @@ def test_removed_devices_are_forgotten_and_new_ones_built() -> None:
 
 
 def test_answers_are_serialized_once_each() -> None:
-    from cdiplug.deviceplugin.server import AnswerCache, allocation_message
+    from cdiplug.deviceplugin.messages import AnswerCache, allocation_message
     from cdiplug.model import ContainerAllocation
 
     cache = AnswerCache(limit=2)
