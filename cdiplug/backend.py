@@ -12,8 +12,10 @@ Backends are found through the ``cdiplug.backends`` entry point group, whose obj
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from importlib.metadata import entry_points
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from attrs import frozen
@@ -191,6 +193,89 @@ class PluginRegistry(Mapping[str, BackendPlugin[Any]]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._loaded or name in self._entry_points
+
+
+class EntryPoint(Protocol):
+    """What the registry needs of an entry point (``importlib.metadata.EntryPoint`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def value(self) -> str: ...
+
+    def load(self) -> Any: ...
+
+
+class _EntryPoint:
+    """``name = module:attr`` of an entry_points.txt (a plain class: an attrs one costs start-up time)."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name = name
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"EntryPoint(name={self.name!r}, value={self.value!r})"
+
+    def load(self) -> Any:
+        module, _, attr = self.value.partition(":")
+        obj: Any = importlib.import_module(module.strip())
+        for part in attr.strip().split(".") if attr.strip() else ():
+            obj = getattr(obj, part)
+        return obj
+
+
+def entry_points(group: str) -> list[EntryPoint]:
+    """The entry points of ``group``, as ``importlib.metadata.entry_points(group=...)`` finds them.
+
+    Read straight from the ``entry_points.txt`` of each ``*.dist-info``/``*.egg-info`` folder on
+    ``sys.path`` (the first distribution of a name wins): importing ``importlib.metadata`` (email,
+    zipfile, csv and more) would cost the daemon's start more than reading these few small files.
+    A zip file on ``sys.path`` is left to ``importlib.metadata``.
+    """
+    found: list[EntryPoint] = []
+    dists: set[str] = set()
+    for entry in sys.path:
+        folder = entry or "."
+        if os.path.isfile(folder):
+            from importlib.metadata import entry_points as metadata_entry_points
+
+            return list(metadata_entry_points(group=group))
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            dist = name.rpartition(".")[0].partition("-")[0].lower().replace("-", "_").replace(".", "_")
+            if dist in dists:
+                continue
+            dists.add(dist)
+            try:
+                with open(os.path.join(folder, name, "entry_points.txt"), encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError):
+                continue
+            for ep_name, value in _section(text, group):
+                found.append(_EntryPoint(ep_name, value))
+    return found
+
+
+def _section(text: str, group: str) -> Iterator[tuple[str, str]]:
+    """``name = value`` pairs of one ``[group]`` of an entry_points.txt (INI; extras dropped)."""
+    current = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1].strip()
+        elif current == group and "=" in line:
+            name, _, value = line.partition("=")
+            yield name.strip(), value.partition("[")[0].strip()
 
 
 def load_plugins() -> PluginRegistry:

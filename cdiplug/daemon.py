@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Mapping
@@ -116,6 +117,10 @@ class Daemon:
                 node = self.node = Node(config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder)
                 try:
                     await node.start()
+                    # What start-up made (modules, classes, configuration) lives as long as the
+                    # daemon: keep it out of the garbage collector's full passes, which would
+                    # otherwise walk all of it again and again while Allocates wait.
+                    gc.freeze()
                     self.started.set()
                     self.supervisor.spawn("reloader", self._reloader())
                     await self._wait_for_stop()
@@ -123,8 +128,8 @@ class Daemon:
                     await self.supervisor.close()
                     await node.stop()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            for installed_sig in installed:
+                loop.remove_signal_handler(installed_sig)
             if installed:
                 signals.reinstall()
         log.info("stopped cleanly")

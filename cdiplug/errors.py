@@ -8,6 +8,8 @@ from the class of the error.
 
 from __future__ import annotations
 
+MAX_MESSAGE = 1000  # characters of an InputError's message; the rest is cut
+
 
 class CdiplugError(Exception):
     """Base of every error cdiplug raises on purpose."""
@@ -20,6 +22,9 @@ class InputError(CdiplugError):
     """
 
     def __init__(self, message: str, path: str = "$", source: str | None = None) -> None:
+        # A value quoted from a hostile file must not make a message of megabytes.
+        message = message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + f"… ({len(message):,} chars)"
+        path = path if len(path) <= 200 else path[:200] + "…"
         self.message = message
         self.path = path
         self.source = source

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -40,7 +39,22 @@ _MASK = (
 _HEADER = struct.Struct("iIII")
 FOLDER = "."  # reported when the watched folder itself was removed or moved
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+def _load_libc() -> ctypes.CDLL:
+    """The C library: the process's own symbols (Python links it), else found by name.
+
+    ``ctypes.util.find_library`` runs ``ldconfig -p`` (a subprocess) to find it: only when the
+    process's own symbols lack inotify (a static Python, say).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if hasattr(libc, "inotify_init1"):
+        return libc
+    from ctypes.util import find_library
+
+    return ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
+
+
+_libc = _load_libc()
 
 
 class WatchError(CdiplugError):
@@ -105,9 +119,11 @@ class FolderWatch:
             return
         offset = 0
         while offset + _HEADER.size <= len(data):
-            _wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
+            wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
             name = data[offset + _HEADER.size : offset + _HEADER.size + length].split(b"\0", 1)[0]
             offset += _HEADER.size + length
+            if wd != self._wd and self._wd >= 0:
+                continue  # the late end of a watch on a folder that was replaced since
             if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
                 self._wd = -1
                 self._pending.add(FOLDER)
@@ -131,7 +147,9 @@ class FolderWatch:
             if FOLDER in batch and self._wd < 0:
                 if self._gone_first:
                     yield batch  # the consumer may re-create the folder now
-                    await self._rearm_when_back()
+                    while self._fd >= 0 and not self._arm():  # gone again, or not re-created
+                        await asyncio.sleep(self._rearm_interval)  # nothing to wait on but time
+                        yield {FOLDER}
                     batch = {FOLDER}  # what changed before the watch was armed again: look again
                 else:
                     await self._rearm_when_back()

@@ -6,33 +6,33 @@ is given (``async with metrics.serve("0.0.0.0:9100") as server``). It serves
 - ``/metrics``: the Prometheus exposition of this object's own registry (never the global one, so
   two daemons in one test process do not collide),
 - ``/healthz``: 200 when the asyncio event loop answers within ``health_timeout`` seconds. The HTTP
-  server runs in a thread so that it can tell a stuck loop from a live one; it asks the loop with
-  ``run_coroutine_threadsafe`` and waits with a deadline,
+  server runs in a thread of its own so that it can tell a stuck loop from a live one; it asks the
+  loop with ``run_coroutine_threadsafe`` and waits with a deadline,
 - ``/readyz``: 200 when every configured resource (:meth:`Metrics.configure`) is registered with the
   kubelet, else 503 listing those that are not.
 
-The boundary: this module counts and serves; the daemon decides when something happened. The
+The HTTP server itself, with its bounds on connections, time and header size, is
+``cdiplug.metrics_http``. The boundary: this module counts; the daemon decides when something
+happened. The
 recording methods are called from the event loop on hot paths (Allocate), so each resource's label
 children are looked up once and cached.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
-import socket
 import threading
-from collections.abc import Generator, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from collections.abc import Iterable
 from typing import Any
 
 from attrs import frozen
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.exposition import choose_encoder
 
-from .errors import CdiplugError, ConfigError
+from .errors import ConfigError
+from .metrics_http import MetricsServer, MetricsServerError
+
+__all__ = ["Metrics", "MetricsAddressError", "MetricsServer", "MetricsServerError", "parse_address"]
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,6 @@ class MetricsAddressError(ConfigError):
     def __init__(self, address: str, reason: str) -> None:
         super().__init__(reason, "--metrics-address")
         self.args = (f"--metrics-address {address!r}: {reason}",)
-
-
-class MetricsServerError(CdiplugError):
-    """The metrics HTTP server could not listen (address in use, no such interface)."""
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -262,138 +258,3 @@ class Metrics:
         """
         host, port = parse_address(address)
         return MetricsServer(self, host, port)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # a /healthz waiting on a stuck loop must not hold up the shutdown
-    metrics: Metrics
-    loop: asyncio.AbstractEventLoop
-
-
-async def _pong() -> None:
-    return None
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.0"
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._reply(200, encoder(self.server.metrics.registry), content_type)
-        elif path == "/healthz":
-            self._healthz()
-        elif path == "/readyz":
-            self._readyz()
-        else:
-            self._text(404, "not found; try /metrics, /healthz or /readyz\n")
-
-    def _healthz(self) -> None:
-        timeout = self.server.metrics.health_timeout
-        pong = _pong()
-        try:
-            future = asyncio.run_coroutine_threadsafe(pong, self.server.loop)
-        except RuntimeError as exc:  # the loop is closed
-            pong.close()
-            self._text(503, f"event loop not running: {exc}\n")
-            return
-        try:
-            future.result(timeout=timeout)
-        except TimeoutError:
-            future.cancel()
-            self._text(503, f"event loop did not answer within {timeout:g}s\n")
-        except Exception as exc:  # cancelled because the loop is shutting down
-            self._text(503, f"event loop did not answer: {exc!r}\n")
-        else:
-            self._text(200, "ok\n")
-
-    def _readyz(self) -> None:
-        metrics = self.server.metrics
-        missing, down = metrics.not_ready(), metrics.backends_down()
-        if missing is None:
-            self._text(503, "not ready: no resources configured yet\n")
-        elif missing or down:
-            lines = []
-            if missing:
-                lines.append("not registered with the kubelet: " + ", ".join(missing))
-            if down:
-                lines.append("backend down (restarting): " + ", ".join(down))
-            self._text(503, "not ready; " + "; ".join(lines) + "\n")
-        else:
-            self._text(200, "ready\n")
-
-    def _text(self, status: int, body: str) -> None:
-        self._reply(status, body.encode(), "text/plain; charset=utf-8")
-
-    def _reply(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("metrics http %s: " + format, self.client_address[0], *args)
-
-
-class MetricsServer:
-    """The running HTTP server of :meth:`Metrics.serve` (``host``, ``port``, ``url``)."""
-
-    def __init__(self, metrics: Metrics, host: str, port: int) -> None:
-        self.metrics = metrics
-        self.host = host
-        self.port = port
-        self._httpd: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def __await__(self) -> Generator[Any, None, MetricsServer]:
-        # Lets callers write ``async with await metrics.serve(addr)`` as well.
-        async def itself() -> MetricsServer:
-            return self
-
-        return itself().__await__()
-
-    async def __aenter__(self) -> MetricsServer:
-        if self._httpd is not None:
-            raise MetricsServerError("the metrics server is already running")
-        try:
-            family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]
-        except socket.gaierror as exc:
-            raise MetricsServerError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
-        server_class = type("_HTTPServer", (_HTTPServer,), {"address_family": family})
-        try:
-            httpd = server_class((self.host, self.port), _Handler)
-        except OSError as exc:
-            raise MetricsServerError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from exc
-        httpd.metrics = self.metrics
-        httpd.loop = asyncio.get_running_loop()
-        self.port = httpd.server_address[1]
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="cdiplug-metrics-http", daemon=True
-        )
-        self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz on %s", self.url)
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        httpd, thread = self._httpd, self._thread
-        self._httpd = self._thread = None
-        if httpd is None:
-            return
-        # shutdown() blocks until serve_forever notices (one poll interval): not on the loop.
-        await asyncio.to_thread(httpd.shutdown)
-        httpd.server_close()
-        if thread is not None:
-            await asyncio.to_thread(thread.join)

@@ -10,6 +10,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TypeVar
 
@@ -38,6 +39,8 @@ DEFAULT_ALLOCATE: frozenset[AllocatePart] = frozenset(AllocatePart) - {AllocateP
 
 
 def _env_tuple(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    if type(value) is tuple and all(type(p) is tuple and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value):
+        return value  # already what it would become (attrs.evolve, a shared tuple): kept, not copied
     items = value.items() if isinstance(value, Mapping) else value
     return tuple((str(k), str(v)) for k, v in items)
 
@@ -58,6 +61,10 @@ AttributeValue = str | int | bool | Version
 def _attribute_tuple(
     value: Mapping[str, AttributeValue] | Iterable[tuple[str, AttributeValue]],
 ) -> tuple[tuple[str, AttributeValue], ...]:
+    if type(value) is tuple and all(
+        type(p) is tuple and len(p) == 2 and type(p[0]) is str and isinstance(p[1], (str, int, bool, Version)) for p in value
+    ):
+        return value  # already what it would become: kept, not copied
     items = value.items() if isinstance(value, Mapping) else value
     out = []
     for k, v in items:
@@ -73,6 +80,8 @@ the kubelet's topology manager keeps them in an int)."""
 
 
 def _sorted_ints(value: Iterable[int]) -> tuple[int, ...]:
+    if type(value) is tuple and len(value) < 2 and all(type(v) is int for v in value):
+        return value  # () or one node, as most devices have: nothing to sort (attrs.evolve comes here too)
     return tuple(sorted({int(v) for v in value}))
 
 
@@ -204,8 +213,11 @@ class Device:
         return default
 
 
+_by_id = operator.attrgetter("id")
+
+
 def _sorted_devices(devices: Iterable[Device]) -> tuple[Device, ...]:
-    return tuple(sorted(devices, key=lambda d: d.id))
+    return tuple(sorted(devices, key=_by_id))
 
 
 @frozen
@@ -234,6 +246,11 @@ class DeviceSnapshot:
 
     def get(self, device_id: str) -> Device | None:
         return self._index.get(device_id)
+
+    @property
+    def by_id(self) -> Mapping[str, Device]:
+        """Every device by ID (the snapshot's own index: never change it)."""
+        return self._index
 
     def __contains__(self, device_id: object) -> bool:
         return device_id in self._index

@@ -150,7 +150,9 @@ host_main() {
   build_initramfs "$vm"
   flock -u 9
   local python
-  python=$(python3 -c 'import sys; print(sys.executable)')
+  # The interpreter cdiplug is installed in (PYTHON, as the tests pass it; else python3): the
+  # guest runs the host's Python, so it must be one that finds cdiplug and cdiplug_backends.
+  python=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
   local log=$vm/console-$$.log
   local started=$SECONDS
   # TCG: KVM on these machines cannot run a stock kernel, and TCG is fast enough for this.

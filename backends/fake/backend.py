@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from attrs import field, frozen
 
 from cdiplug.backend import SnapshotSink
@@ -100,25 +101,45 @@ class FakeBackend:
     def __init__(self, resources: Sequence[ResourceConfig[FakeOptions]], world: World) -> None:
         self.resources = tuple(resources)
         self.world = world
+        # Every device as built once, Healthy, per resource: a health change evolves only the
+        # devices whose health differs, so unchanged ones stay the same objects and everything
+        # downstream (diffs, the ListAndWatch list, the CDI spec) can tell them apart by identity.
+        self._healthy: dict[str, tuple[Device, ...]] = {}
+        self._unhealthy: dict[tuple[str, str], Device] = {}  # (resource, ID): the Unhealthy one
+
+    def _devices(self, resource: ResourceConfig[FakeOptions]) -> tuple[Device, ...]:
+        devices = self._healthy.get(resource.name)
+        if devices is None:
+            opts: FakeOptions = resource.options
+            cls = resource_class(resource.name)
+            prefix = env_prefix(resource.name)
+            model = (("model", f"fake {cls}"),)  # one tuple shared by every device, as are the NUMA tuples
+            numa: list[tuple[int, ...]] = [(node,) for node in opts.numa_nodes] or [()]
+            devices = self._healthy[resource.name] = tuple(
+                Device(
+                    id=f"{cls}-{i}",
+                    numa_nodes=numa[i % len(numa)],
+                    edits=ContainerEdits(env=((f"{prefix}_DEVICE_{i}", f"{cls}-{i}"),)),
+                    attributes=model + tuple(opts.attributes.get(f"{cls}-{i}", {}).items()),
+                )
+                for i in range(opts.count)
+            )
+        return devices
 
     def snapshot(self, resource: ResourceConfig[FakeOptions], health: Mapping[str, Health]) -> DeviceSnapshot:
-        opts: FakeOptions = resource.options
-        cls = resource_class(resource.name)
-        prefix = env_prefix(resource.name)
-        devices = []
-        for i in range(opts.count):
-            device_id = f"{cls}-{i}"
-            numa = (opts.numa_nodes[i % len(opts.numa_nodes)],) if opts.numa_nodes else ()
-            devices.append(
-                Device(
-                    id=device_id,
-                    health=health.get(device_id, Health.HEALTHY),
-                    numa_nodes=numa,
-                    edits=ContainerEdits(env={f"{prefix}_DEVICE_{i}": device_id}),
-                    attributes={"model": f"fake {cls}", **opts.attributes.get(device_id, {})},
-                )
-            )
-        return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{prefix}_DEVICES")
+        devices = self._devices(resource)
+        if health:
+            devices = tuple(self._with_health(resource.name, d, health.get(d.id, Health.HEALTHY)) for d in devices)
+        return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{env_prefix(resource.name)}_DEVICES")
+
+    def _with_health(self, resource: str, device: Device, health: Health) -> Device:
+        if health is Health.HEALTHY:
+            return device
+        key = (resource, device.id)
+        unhealthy = self._unhealthy.get(key)
+        if unhealthy is None:
+            unhealthy = self._unhealthy[key] = attrs.evolve(device, health=health)
+        return unhealthy
 
     async def run(self, sink: SnapshotSink) -> None:
         watched = [(r, r.options.health_file) for r in self.resources if r.options.health_file is not None]

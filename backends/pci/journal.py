@@ -34,7 +34,7 @@ import cattrs
 from attrs import field, frozen
 from cattrs.v import format_exception
 
-from cdiplug.atomic import fsync_dir, write_atomic
+from cdiplug.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
 from cdiplug.errors import BackendError, InputError
 from cdiplug.files import STATE_LIMIT, read_text
 from cdiplug.safeload import load_json
@@ -129,6 +129,18 @@ def _why(exc: BaseException, _type: type | None) -> str:
     return str(exc) if isinstance(exc, ValueError) else format_exception(exc, _type)
 
 
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists
+        return True
+    return True
+
+
 def _file_name(group: str) -> str:
     return check_group_key(group).replace(":", "_")
 
@@ -217,6 +229,31 @@ class Journal:
                 path.rename(aside)
             return None
         return value
+
+    def clean_leftovers(self) -> list[Path]:
+        """Remove the temporary files of writes that a dead process left (``.<name>.<pid>.<tid>.tmp``).
+
+        A process killed while writing a state file leaves its temporary file; the state file
+        itself is whole (old or new). Files of a live process (``cdiplug vfio bind`` at a shell)
+        are left alone. Returns what was removed.
+        """
+        removed = []
+        for folder in (self.journal_dir, self.bound_dir):
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if not (name.startswith(".") and name.endswith(TEMP_SUFFIX) and len(parts) >= 5 and parts[-3].isdigit()):
+                    continue
+                if _alive(int(parts[-3])):
+                    continue
+                with contextlib.suppress(OSError):
+                    (folder / name).unlink()
+                    removed.append(folder / name)
+                    log.info("removed %s, left by a process that ended while writing it", folder / name)
+        return removed
 
     # -- bound functions ---------------------------------------------------------------------------
 

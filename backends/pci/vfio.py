@@ -317,6 +317,7 @@ class VfioBinder:
     def recover(self) -> list[str]:
         """Finish or roll back every operation a crash left half done. Returns what it did, for logs."""
         report = []
+        self.journal.clean_leftovers()
         for entry in self.journal.pending():
             with self.journal.locked(entry.group):
                 report.extend(self._recover_group(entry.group))

@@ -7,13 +7,15 @@ refuses one a runtime would reject. It is the only one of them that knows :mod:`
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from .. import model
 from ..errors import CdiError
 from ..names import check_kind, device_name
-from .spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
-from .validate import check_spec
+from .spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, to_dict, to_json
+from .validate import check_document
 from .version import minimal_version
 
 
@@ -55,6 +57,17 @@ def container_edits(edits: model.ContainerEdits) -> ContainerEdits:
 
 
 def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
+    """The spec of one kind for every device of ``snapshot`` (see :func:`build_checked`)."""
+    return build_checked(kind, snapshot)[0]
+
+
+def render_spec(kind: str, snapshot: model.DeviceSnapshot) -> bytes:
+    """The file's bytes for :func:`build_spec` (its JSON form made once, for the checks and the file)."""
+    spec, data = build_checked(kind, snapshot)
+    return to_json(spec, data)
+
+
+def build_checked(kind: str, snapshot: model.DeviceSnapshot) -> tuple[Spec, dict[str, Any]]:
     """The spec of one kind for every device of ``snapshot``, with the lowest version it needs.
 
     Raises CdiError when the kind is not a valid CDI kind, a device has no edits (the spec forbids
@@ -79,7 +92,8 @@ def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
     spec = attrs.evolve(draft, cdi_version=minimal_version(draft))
     # Never hand out a spec a runtime would refuse (an env var without a name, a bad node type
     # from a backend): check it as strictly as `cdiplug cdi validate` would.
-    problems = check_spec(spec, f"spec of {kind}")
+    data = to_dict(spec)
+    problems = check_document(data, f"spec of {kind}", spec)
     if problems:
         raise CdiError(f"resource {snapshot.resource}: " + "; ".join(f"{p.message} @ {p.path}" for p in problems))
-    return spec
+    return spec, data

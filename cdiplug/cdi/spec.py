@@ -15,9 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import cattrs
 from attrs import NOTHING, field, fields, frozen
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from ..errors import CdiError
 
@@ -131,21 +129,13 @@ def json_keys(cls: type) -> dict[str, str]:
     return {json_key(a.name): a.name for a in fields(cls)}
 
 
-def _make_converter() -> cattrs.Converter:
+def _make_converter() -> Any:
+    """The cattrs converter that structures a spec's JSON (reading only: writing is :func:`to_dict`)."""
+    import cattrs
+    from cattrs.gen import make_dict_structure_fn, override
+
     conv = cattrs.Converter(forbid_extra_keys=True)
     for cls in (DeviceNode, Mount, Hook, IntelRdt, NetDevice, ContainerEdits, Device, Spec):
-        overrides: dict[str, Any] = {}
-        for a in fields(cls):
-            # Fields with a default are omitted when empty (Go's omitempty); required ones never.
-            required = a.default is NOTHING
-            unstruct_hook = dict if a.name == "annotations" else None
-            overrides[a.name] = override(rename=json_key(a.name), omit_if_default=not required, unstruct_hook=unstruct_hook)
-        unstructure = make_dict_unstructure_fn(cls, conv, **overrides)
-        order = _JSON_ORDER.get(cls)
-        if order:
-            keys = [json_key(n) for n in order]
-            unstructure = _ordered(unstructure, keys)
-        conv.register_unstructure_hook(cls, unstructure)
         renames = {
             a.name: override(rename=json_key(a.name), struct_hook=_structure_pairs if a.name == "annotations" else None)
             for a in fields(cls)
@@ -162,32 +152,88 @@ def _structure_pairs(value: Any, _type: Any) -> tuple[tuple[str, str], ...]:
     return _pairs(value)
 
 
-def _ordered(fn: Any, keys: list[str]) -> Any:
-    def unstructure(obj: Any) -> dict[str, Any]:
-        d = fn(obj)
-        return {k: d[k] for k in keys if k in d}
-
-    return unstructure
+_converter: Any = None
 
 
-converter = _make_converter()
+def _structurer() -> Any:
+    """Built on first use: importing cattrs and generating its code costs start-up time."""
+    global _converter
+    if _converter is None:
+        _converter = _make_converter()
+    return _converter
+
+
+# Per class: (attribute, JSON key, default, required) in the order the JSON has them.
+_Plan = tuple[tuple[str, str, Any, bool], ...]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        by_name = {a.name: a for a in fields(cls)}
+        order = _JSON_ORDER.get(cls, tuple(by_name))
+        plan = _PLANS[cls] = tuple((n, json_key(n), by_name[n].default, by_name[n].default is NOTHING) for n in order)
+    return plan
+
+
+_CLASSES = frozenset((DeviceNode, Mount, Hook, IntelRdt, NetDevice, ContainerEdits, Device, Spec))
+
+
+def _unstructure(obj: Any) -> dict[str, Any]:
+    """One spec object as JSON: keys renamed and ordered, fields at their default left out (Go's omitempty)."""
+    out: dict[str, Any] = {}
+    for name, key, default, required in _plan(type(obj)):
+        value = getattr(obj, name)
+        if not required and value == default:
+            continue
+        if name == "annotations":
+            out[key] = dict(value)
+        elif type(value) is tuple:
+            out[key] = [_unstructure(v) for v in value] if value and type(value[0]) in _CLASSES else list(value)
+        elif type(value) in _CLASSES:
+            out[key] = _unstructure(value)
+        else:
+            out[key] = value
+    return out
 
 
 def to_dict(spec: Spec) -> dict[str, Any]:
     """The spec's JSON object (an empty spec-level ``containerEdits`` is left out, as Go does)."""
-    out: dict[str, Any] = converter.unstructure(spec)
-    return out
+    return _unstructure(spec)
 
 
-def to_json(spec: Spec) -> bytes:
-    """The bytes cdiplug writes: 2-space indented JSON, keys in the reference order, a final newline."""
-    return (json.dumps(to_dict(spec), indent=2) + "\n").encode()
+_BETWEEN_DEVICES = ', {"name": '
+
+
+def to_json(spec: Spec, data: Mapping[str, Any] | None = None) -> bytes:
+    """The bytes cdiplug writes: a JSON object with a key per line, one device per line.
+
+    Keys in the reference order, each value compact (the C encoder: indenting takes Python's
+    own, several times slower), a final newline. ``data``: the spec's :func:`to_dict`, when the
+    caller has it already.
+    """
+    data = to_dict(spec) if data is None else data
+    parts = []
+    for key, value in data.items():
+        if key == "devices" and value:
+            # One C-encoder call for every device, then a line per device: only a device object
+            # starts with "name" (a net device's first key is hostInterfaceName), and a quote
+            # inside a string is escaped, so the separator below occurs between devices only.
+            body = json.dumps(value)[1:-1].replace(_BETWEEN_DEVICES, ',\n    {"name": ')
+            parts.append(f'  "devices": [\n    {body}\n  ]')
+        else:
+            parts.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return ("{\n" + ",\n".join(parts) + "\n}\n").encode()
 
 
 def from_dict(data: Mapping[str, Any]) -> Spec:
     """Structure a spec's JSON; raises CdiError on unknown keys or wrong types (no name checks)."""
+    converter = _structurer()
+    import cattrs  # imported by _structurer already
+
     try:
-        return converter.structure(dict(data), Spec)
+        return converter.structure(dict(data), Spec)  # type: ignore[no-any-return]
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
         raise CdiError(f"not a CDI spec: {exc}") from exc
 

@@ -19,12 +19,12 @@ Every problem is reported, one :class:`Problem` each, with the file and the JSON
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from attrs import frozen
 
 from ..errors import CdiError
@@ -174,7 +174,7 @@ class _Checker:
 
     # --- meaning (on a document whose types are right) ------------------------------------------
 
-    def spec(self, raw: Mapping[str, Any]) -> None:
+    def spec(self, raw: Mapping[str, Any], model: cdispec.Spec | None = None) -> None:
         kind = raw["kind"]
         problem = kind_problem(kind)
         if problem:
@@ -199,18 +199,20 @@ class _Checker:
             if not any(edits.get(k) for k in _FIELDS[cdispec.ContainerEdits]):
                 self.problem(f"{at}.containerEdits", f"device {name!r} has empty container edits")
             self.edits(edits, f"{at}.containerEdits")
-        self.version(raw)
+        self.version(raw, model)
 
-    def version(self, raw: Mapping[str, Any]) -> None:
+    def version(self, raw: Mapping[str, Any], model: cdispec.Spec | None = None) -> None:
+        """``model``: the spec ``raw`` was made from, when there is one (no need to structure it again)."""
         declared = raw["cdiVersion"]
         if not cdiversion.is_known(declared):
             self.problem("$.cdiVersion", f"unknown cdiVersion {declared!r} (known: {', '.join(cdiversion.KNOWN_VERSIONS)})")
             return
-        try:
-            model = cdispec.from_dict(_known_only(raw, cdispec.Spec))
-        except CdiError as exc:  # types were checked above; this guards a gap between the two
-            self.problem("$", str(exc))
-            return
+        if model is None:
+            try:
+                model = cdispec.from_dict(_known_only(raw, cdispec.Spec))
+            except CdiError as exc:  # types were checked above; this guards a gap between the two
+                self.problem("$", str(exc))
+                return
         needs = [(v, why) for v, why in cdiversion.requirements(model) if cdiversion.parse(v) > cdiversion.parse(declared)]
         if needs:
             highest = max((v for v, _ in needs), key=cdiversion.parse)
@@ -323,8 +325,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def load_document(text: str, yaml_format: bool = False) -> Any:
     """Parse a spec file's text; raises CdiError (with the line) when it is not JSON/YAML."""
     if yaml_format:
+        import yaml  # only for .yaml specs: the daemon checks its own JSON without it
+
         try:
-            return yaml.load(text, Loader=_StrictLoader)
+            return yaml.load(text, Loader=_strict_loader())
         except yaml.YAMLError as exc:
             raise CdiError(f"not valid YAML: {exc}") from exc
     try:
@@ -335,31 +339,36 @@ def load_document(text: str, yaml_format: bool = False) -> Any:
         raise CdiError(f"not valid JSON: {exc}") from exc
 
 
-class _StrictLoader(yaml.SafeLoader):
+@functools.cache
+def _strict_loader() -> Any:
     """A SafeLoader that refuses duplicate keys, as the reference library's strict unmarshal does."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        keys = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in keys:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            keys.add(key)
-        return super().construct_mapping(node, deep)
+    class _StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            keys = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in keys:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                keys.add(key)
+            return super().construct_mapping(node, deep)
+
+    return _StrictLoader
 
 
-def check_document(data: Any, file: str = "<spec>") -> list[Problem]:
-    """Every problem of an already-parsed spec document."""
+def check_document(data: Any, file: str = "<spec>", model: cdispec.Spec | None = None) -> list[Problem]:
+    """Every problem of an already-parsed spec document (``model``: the spec it was made from)."""
     checker = _Checker()
     checker.obj(data, cdispec.Spec, "$")
     if not checker.type_errors:
-        checker.spec(data)
+        checker.spec(data, model)
     return [Problem(file, path, message) for path, message in checker.found]
 
 
 def check_spec(spec: cdispec.Spec, file: str = "<spec>") -> list[Problem]:
-    """Every problem of a spec we built (round-tripped through its JSON form)."""
-    return check_document(cdispec.to_dict(spec), file)
+    """Every problem of a spec we built (its JSON form checked, its versions from the spec itself)."""
+    return check_document(cdispec.to_dict(spec), file, spec)
 
 
 def check_file(path: Path | str) -> list[Problem]:

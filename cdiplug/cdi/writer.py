@@ -18,6 +18,7 @@ read. A folder the writer creates gets mode 0755 whatever the umask.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import stat as stat_module
@@ -32,8 +33,6 @@ from ..errors import CdiError, InputError
 from ..files import read_bounded
 from ..model import DeviceSnapshot
 from ..names import spec_file_name
-from .build import build_spec
-from .spec import to_json
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,24 @@ class _Stamp:
 
 @frozen
 class _Written:
+    """What was last written: the snapshot, the content's size and digest (not the bytes: a spec
+    of thousands of devices is most of a megabyte), and the file's stamp."""
+
     snapshot: DeviceSnapshot
-    content: bytes
+    size: int
+    digest: bytes
     stamp: _Stamp
+
+    @classmethod
+    def of(cls, snapshot: DeviceSnapshot, content: bytes, stamp: _Stamp) -> _Written:
+        return cls(snapshot, len(content), _digest(content), stamp)
+
+    def holds(self, content: bytes | None) -> bool:
+        return content is not None and len(content) == self.size and _digest(content) == self.digest
+
+
+def _digest(content: bytes) -> bytes:
+    return hashlib.sha256(content).digest()
 
 
 class SpecWriter:
@@ -83,15 +97,23 @@ class SpecWriter:
     def __init__(self, cdi_dir: Path | str) -> None:
         self.cdi_dir = Path(cdi_dir)
         self._written: dict[str, _Written] = {}
+        self._paths: dict[str, Path] = {}
         self._lock = threading.Lock()
 
     def path_for(self, kind: str) -> Path:
         """``example.com/fpga`` -> ``<cdi_dir>/cdiplug-example.com-fpga.json`` (kind checked first)."""
-        return self.cdi_dir / spec_file_name(kind)
+        path = self._paths.get(kind)
+        if path is None:
+            path = self.cdi_dir / spec_file_name(kind)  # raises for a bad kind: never remembered
+            if len(self._paths) < 1024:
+                self._paths[kind] = path
+        return path
 
     def render(self, kind: str, snapshot: DeviceSnapshot) -> bytes:
         """The exact bytes :meth:`write` would write for ``snapshot``."""
-        return to_json(build_spec(kind, snapshot))
+        from .build import render_spec  # on first use: building specs is not needed to start serving
+
+        return render_spec(kind, snapshot)
 
     def write(self, kind: str, snapshot: DeviceSnapshot, *, verify: bool = False) -> bool:
         """Make the file of ``kind`` hold every device of ``snapshot``; True when the file changed.
@@ -108,7 +130,7 @@ class SpecWriter:
             unchanged = last is not None and stamp == last.stamp
             if unchanged and same_spec(last.snapshot if last else None, snapshot):
                 assert last is not None
-                if not verify or _read(path, len(last.content)) == last.content:
+                if not verify or last.holds(_read(path, last.size)):
                     return False
                 unchanged, stamp = False, _stat(path)  # same stamp, other bytes: look again, rewrite
             if not snapshot.devices:
@@ -116,11 +138,11 @@ class SpecWriter:
                 return _unlink(path)
             content = self.render(kind, snapshot)
             if stamp is not None and stamp.regular and stamp.mode & 0o7777 == FILE_MODE:
-                if last is not None and unchanged and content == last.content:
-                    self._written[kind] = _Written(snapshot, content, stamp)
+                if last is not None and unchanged and last.holds(content):
+                    self._written[kind] = _Written.of(snapshot, content, stamp)
                     return False
                 if last is None and _read(path, len(content)) == content:  # as left by our previous run
-                    self._written[kind] = _Written(snapshot, content, stamp)
+                    self._written[kind] = _Written.of(snapshot, content, stamp)
                     return False
             if stamp is not None and not stamp.regular:
                 self._move_aside(path, stamp)
@@ -128,7 +150,7 @@ class SpecWriter:
                 log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
             self._written.pop(kind, None)
             new_stamp = self._replace(path, content)
-            self._written[kind] = _Written(snapshot, content, new_stamp)
+            self._written[kind] = _Written.of(snapshot, content, new_stamp)
             return True
 
     def is_current(self, kind: str, snapshot: DeviceSnapshot) -> bool:

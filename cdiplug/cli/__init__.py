@@ -92,12 +92,19 @@ def world_from_args(args: argparse.Namespace) -> World:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; with ``command``, of that one alone when a module has its name.
+
+    Importing a subcommand's module costs start-up time (``node-capacity`` brings urllib, say):
+    ``cdiplug serve`` builds only its own parser. Anything else (help, a typo) gets them all.
+    """
     parser = argparse.ArgumentParser(prog="cdiplug", description="Kubernetes device plugin daemon with CDI support")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__))
+    wanted = (command or "").replace("-", "_")
+    for name in [wanted] if wanted in names else names:
+        module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
@@ -119,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signals.install_early()
     from ..errors import ConfigError
 
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((w for w in words if not w.startswith("-")), None))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -47,10 +47,11 @@ from ..names import device_name, qualified_name
 from ..replicas import expand, replica_id
 from ..resource import ResourceConfig
 from ..telemetry import NULL_RECORDER, Recorder
-from .preferred import Affinity, preferred_allocation
+from .preferred import Affinity, nodes_by_device, preferred_allocation
 
 log = logging.getLogger(__name__)
 
+MAX_CACHED_ANSWERS = 4096  # answers kept per snapshot: repeated Allocates of the same devices
 PLUGIN_NAME = "cdiplug"  # the plugin part of cdi.k8s.io/<plugin>_<id> annotation keys
 
 
@@ -74,6 +75,9 @@ class Allocator:
         self._snapshot = empty
         self._advertised = empty
         self._underlying: Mapping[str, Device] = {}
+        self._answers_for: DeviceSnapshot | None = None
+        self._answers: dict[tuple[str, ...], ContainerAllocation] = {}
+        self._node_sets: tuple[DeviceSnapshot, Mapping[str, frozenset[int]]] | None = None  # per advertised snapshot
         parts = resource.allocate
         self._send_env = AllocatePart.ENVVAR in parts
         self._send_specs = AllocatePart.DEVICE_SPECS in parts
@@ -91,7 +95,7 @@ class Allocator:
             raise ValueError(f"snapshot of {snapshot.resource} given to the allocator of {self.resource.name}")
         advertised = expand(snapshot, self.resource.replicas)
         if advertised is snapshot:
-            underlying: Mapping[str, Device] = {d.id: d for d in snapshot.devices}
+            underlying: Mapping[str, Device] = snapshot.by_id
         else:
             underlying = {replica_id(d.id, i): d for d in snapshot.devices for i in range(self.resource.replicas)}
         self._snapshot, self._advertised, self._underlying = snapshot, advertised, underlying
@@ -127,7 +131,7 @@ class Allocator:
                 snapshot, per_request = await self._prepare(snapshot, per_request)
             if self.spec is not None and (self._send_cdi or self._send_annotations):
                 await self.spec.ensure(snapshot)
-            answers = [self._answer(snapshot, ids, devices) for ids, devices in zip(requests, per_request)]
+            answers = [self._cached_answer(snapshot, ids, devices) for ids, devices in zip(requests, per_request)]
             ok = True
             return answers
         finally:
@@ -197,6 +201,19 @@ class Allocator:
 
     # -- the answer --------------------------------------------------------------------------
 
+    def _cached_answer(self, snapshot: DeviceSnapshot, ids: Sequence[str], devices: list[Device]) -> ContainerAllocation:
+        """The answer for these IDs, made once per snapshot (an answer depends on nothing else)."""
+        if snapshot is not self._answers_for:
+            self._answers_for, self._answers = snapshot, {}
+        key = tuple(ids)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answer(snapshot, ids, devices)
+            if len(self._answers) >= MAX_CACHED_ANSWERS:
+                self._answers.clear()
+            self._answers[key] = answer
+        return answer
+
     def _answer(self, snapshot: DeviceSnapshot, ids: Sequence[str], devices: list[Device]) -> ContainerAllocation:
         edits = ContainerEdits.combine([snapshot.common_edits, *(d.edits for d in devices)])
         env: dict[str, str] = {}
@@ -263,11 +280,15 @@ class Allocator:
             answer = backend.preferred_allocation(self.resource.name, self._advertised, request)
             if answer is not None:
                 return tuple(answer)
+        advertised = self._advertised
+        if self._node_sets is None or self._node_sets[0] is not advertised:
+            self._node_sets = (advertised, nodes_by_device(advertised))
         return preferred_allocation(
             request,
-            self._advertised,
+            advertised,
             affinity=self._affinity_fn(),
-            underlying=self._underlying_id,
+            underlying=self._underlying_id if self.resource.replicas > 1 else None,
+            node_sets=self._node_sets[1],
         )
 
     def _underlying_id(self, advertised_id: str) -> str:

@@ -44,8 +44,9 @@ backend itself: the allocator passes affinity and the replica mapping in as func
 
 from __future__ import annotations
 
+import collections
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from math import comb
 
 from ..model import DeviceSnapshot, PreferredRequest
@@ -64,8 +65,12 @@ def preferred_allocation(
     snapshot: DeviceSnapshot,
     affinity: Affinity | None = None,
     underlying: Callable[[str], str] | None = None,
+    node_sets: Mapping[str, frozenset[int]] | None = None,
 ) -> tuple[str, ...]:
-    """The suggested IDs for one container request (see the module docstring for the rules)."""
+    """The suggested IDs for one container request (see the module docstring for the rules).
+
+    ``node_sets``: :func:`nodes_by_device` of ``snapshot``, when the caller keeps it per snapshot.
+    """
     must = tuple(dict.fromkeys(request.must_include))
     if request.size <= len(must):
         return must
@@ -75,8 +80,25 @@ def preferred_allocation(
     if k >= len(rest):
         return must + tuple(rest)
     under = underlying or _identity
-    policy = _Policy(snapshot, must, rest, under, affinity)
+    policy = _Policy(node_sets if node_sets is not None else nodes_by_device(snapshot), must, rest, under, affinity)
     return must + tuple(policy.choose(k))
+
+
+_UNKNOWN = frozenset((UNKNOWN_NODE,))
+
+
+def nodes_by_device(snapshot: DeviceSnapshot) -> dict[str, frozenset[int]]:
+    """The NUMA nodes of every device as a set, ``{UNKNOWN_NODE}`` when unknown (one set object
+    per distinct set): what the policy needs of a snapshot, made once per snapshot."""
+    shared: dict[tuple[int, ...], frozenset[int]] = {(): _UNKNOWN}
+    out: dict[str, frozenset[int]] = {}
+    for device in snapshot.devices:
+        numa = device.numa_nodes
+        nodes = shared.get(numa)
+        if nodes is None:
+            nodes = shared[numa] = frozenset(numa)
+        out[device.id] = nodes
+    return out
 
 
 def _identity(device_id: str) -> str:
@@ -86,7 +108,7 @@ def _identity(device_id: str) -> str:
 class _Policy:
     def __init__(
         self,
-        snapshot: DeviceSnapshot,
+        node_sets: Mapping[str, frozenset[int]],
         must: tuple[str, ...],
         rest: list[str],
         underlying: Callable[[str], str],
@@ -98,15 +120,13 @@ class _Policy:
         self._underlying: dict[str, str] = {}
         self.affinity = affinity
         self._pairs: dict[tuple[str, str], float] = {}
-        self.nodes: dict[str, frozenset[int]] = {}
-        for device_id in (*must, *rest):
-            device = snapshot.get(device_id)
-            numa = device.numa_nodes if device is not None and device.numa_nodes else (UNKNOWN_NODE,)
-            self.nodes[device_id] = frozenset(numa)
+        get = node_sets.get
+        self.nodes: dict[str, frozenset[int]] = {i: get(i, _UNKNOWN) for i in (*must, *rest)}
+        counts = collections.Counter(self.nodes.values())  # devices per distinct node set
         self.free: dict[int, int] = {}
-        for node_set in self.nodes.values():
+        for node_set, count in counts.items():
             for node in node_set:
-                self.free[node] = self.free.get(node, 0) + 1
+                self.free[node] = self.free.get(node, 0) + count
         # The free, not-yet-included devices by the exact set of nodes they span, in ID order.
         self.by_node_set: dict[frozenset[int], list[str]] = {}
         for device_id in rest:
@@ -262,6 +282,8 @@ class _Policy:
         devices remain among them. Taking the smallest feasible ID each time gives the
         lexicographically smallest answer.
         """
+        if self._underlying_of is _identity:
+            return pool[:k]  # no replicas: every ID is a device of its own, so the lowest IDs
         under = [self.underlying(x) for x in pool]
         used = {self.underlying(m) for m in self.must}
         remaining: dict[str, int] = {}

@@ -17,17 +17,28 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import CdiplugError, KubeletError
 from ..host import BackendHost
 from ..model import Device
 from ..supervisor import Supervisor
-from .pod_resources import AllocatedDevices, list_allocated
+
+if TYPE_CHECKING:
+    from .pod_resources import AllocatedDevices
 
 log = logging.getLogger(__name__)
 
-Lister = Callable[[Path], Awaitable[AllocatedDevices]]
+Lister = Callable[[Path], Awaitable["AllocatedDevices"]]
 TASK = "release"
+
+
+async def list_allocated(socket: Path) -> AllocatedDevices:
+    """:func:`.pod_resources.list_allocated`, imported on first use: most nodes never release, and
+    the PodResources stubs cost start-up time and memory."""
+    from .pod_resources import list_allocated as list_from_kubelet
+
+    return await list_from_kubelet(socket)
 
 
 class Releaser:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from ..cdi.writer import same_spec
 from ..errors import CdiError
 from ..host import SpecKeeper
-from ..model import DeviceSnapshot
+from ..model import Device, DeviceSnapshot
 from ..resource import ResourceConfig
 from ..telemetry import Recorder
 from .allocator import Allocator
@@ -101,8 +102,16 @@ class ServedResource:
 
     def _log_health_changes(self, old: DeviceSnapshot, new: DeviceSnapshot) -> None:
         """One INFO line per device whose health changed, so an operator sees why allocatable moved."""
-        for device in new.devices:
-            before = old.get(device.id)
+        pairs: Iterable[tuple[Device | None, Device]]
+        if len(old.devices) == len(new.devices):
+            pairs = zip(old.devices, new.devices)  # the same IDs, mostly: no lookups
+        else:
+            pairs = ((old.get(d.id), d) for d in new.devices)
+        for before, device in pairs:
+            if before is device:
+                continue  # the same object: nothing changed (a change is a new one)
+            if before is None or before.id != device.id:
+                before = old.get(device.id)
             if before is not None and before.health is not device.health:
                 log.info(
                     "device %s of %s: %s -> %s",

@@ -4,7 +4,8 @@
 runs as root, talks to it). It turns what the core hands it into protobuf and back:
 
 - :meth:`ResourceServer.publish` takes the advertised :class:`DeviceSnapshot` and pushes the full
-  device list to every ListAndWatch stream. The protobuf list is built once per change and shared;
+  device list to every ListAndWatch stream. The list is serialized once per change, only changed
+  devices anew (:mod:`.messages`), and shared;
   each stream has a queue holding only the latest list, so a slow reader gets the newest state,
   never a backlog. The first message of a stream is the current list.
 - Allocate, GetPreferredAllocation and PreStartContainer delegate to the resource's allocator
@@ -44,8 +45,9 @@ from ..errors import (
     PreparationError,
     SocketInUse,
 )
-from ..model import ContainerAllocation, Device, DeviceSnapshot, PreferredRequest
+from ..model import ContainerAllocation, DeviceSnapshot, PreferredRequest
 from ..wire import Undecodable, lenient
+from .messages import AnswerCache, ListCache, serialize_passthrough
 
 log = logging.getLogger(__name__)
 
@@ -82,37 +84,9 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL  # CdiError and anything else: our fault, not the caller's
 
 
-# -- model -> protobuf ------------------------------------------------------------------------
-
-
-def device_message(device: Device) -> pb.Device:
-    """One advertised device; no topology field when the NUMA nodes are unknown."""
-    if device.numa_nodes:
-        return pb.Device(
-            ID=device.id,
-            health=device.health.value,
-            topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in device.numa_nodes]),
-        )
-    return pb.Device(ID=device.id, health=device.health.value)
-
-
-def list_message(snapshot: DeviceSnapshot) -> pb.ListAndWatchResponse:
-    return pb.ListAndWatchResponse(devices=[device_message(d) for d in snapshot.devices])
-
-
-def allocation_message(a: ContainerAllocation) -> pb.ContainerAllocateResponse:
-    return pb.ContainerAllocateResponse(
-        envs=dict(a.env),
-        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in a.mounts],
-        devices=[pb.DeviceSpec(container_path=d.path, host_path=d.source, permissions=d.permissions) for d in a.device_specs],
-        annotations=dict(a.annotations),
-        cdi_devices=[pb.CDIDevice(name=n) for n in a.cdi_devices],
-    )
-
-
 def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
     """``add_DevicePluginServicer_to_server`` with :func:`lenient` request deserializers."""
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
             servicer.GetDevicePluginOptions,
             request_deserializer=lenient(pb.Empty),
@@ -121,7 +95,7 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
         "ListAndWatch": grpc.unary_stream_rpc_method_handler(
             servicer.ListAndWatch,
             request_deserializer=lenient(pb.Empty),
-            response_serializer=pb.ListAndWatchResponse.SerializeToString,
+            response_serializer=serialize_passthrough,
         ),
         "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
             servicer.GetPreferredAllocation,
@@ -131,7 +105,7 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
         "Allocate": grpc.unary_unary_rpc_method_handler(
             servicer.Allocate,
             request_deserializer=lenient(pb.AllocateRequest),
-            response_serializer=pb.AllocateResponse.SerializeToString,
+            response_serializer=serialize_passthrough,
         ),
         "PreStartContainer": grpc.unary_unary_rpc_method_handler(
             servicer.PreStartContainer,
@@ -216,8 +190,10 @@ class ResourceServer:
         self._server: grpc.aio.Server | None = None
         self._inode: tuple[int, int, int] | None = None
         self._streams: set[asyncio.Queue[Any]] = set()
-        self._current: pb.ListAndWatchResponse | None = None
+        self._current: bytes | None = None
         self._advertised: DeviceSnapshot | None = None
+        self._lists = ListCache()
+        self._answers = AnswerCache()
         self._log = logging.LoggerAdapter(log, {"resource": resource})
 
     # -- state --
@@ -307,7 +283,7 @@ class ResourceServer:
         if advertised == self._advertised:
             return
         self._advertised = advertised
-        self._current = message = list_message(advertised)
+        self._current = message = self._lists.serialize(advertised)
         for queue in self._streams:
             _offer(queue, message)
 
@@ -386,7 +362,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             answers = await self._s.allocator.allocate(requests)
         except Exception as exc:
             await self._abort(context, "Allocate", _summary(requests), exc)
-        return pb.AllocateResponse(container_responses=[allocation_message(a) for a in answers])
+        return self._s._answers.serialize(answers)  # type: ignore[return-value]  # bytes: see serialize_passthrough
 
     async def GetPreferredAllocation(
         self,

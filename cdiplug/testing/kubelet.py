@@ -195,7 +195,7 @@ class KubeletStandIn:
             async for response in endpoint.stub.ListAndWatch(pb.Empty()):
                 if self._endpoints.get(resource) is not endpoint:
                     return
-                self._devices[resource] = listed_devices(response)
+                self._devices[resource] = listed_devices(response, self._devices.get(resource))
                 endpoint.updates += 1
                 if endpoint.registration.listed_at is None:
                     self._set_registration(endpoint, attrs.evolve(endpoint.registration, listed_at=time.monotonic()))

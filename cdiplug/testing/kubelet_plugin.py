@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -91,17 +91,26 @@ async def dial(
     return PluginConnection(registration, channel, stub)
 
 
-def listed_devices(response: pb.ListAndWatchResponse) -> dict[str, Device]:
-    """One ListAndWatch list as the kubelet keeps it: by ID, with health and NUMA nodes."""
-    return {
-        d.ID: Device(
-            id=d.ID,
-            # The kubelet counts anything but "Healthy" as unhealthy.
-            health=Health.HEALTHY if d.health == Health.HEALTHY.value else Health.UNHEALTHY,
-            numa_nodes=[n.ID for n in d.topology.nodes] if d.HasField("topology") else (),
-        )
-        for d in response.devices
-    }
+def listed_devices(response: pb.ListAndWatchResponse, previous: Mapping[str, Device] | None = None) -> dict[str, Device]:
+    """One ListAndWatch list as the kubelet keeps it: by ID, with health and NUMA nodes.
+
+    A device listed as in ``previous`` (the last list) is kept as the same object, so a list
+    in which one device changed costs a look at each and one new :class:`Device`.
+    """
+    last = previous or {}
+    out: dict[str, Device] = {}
+    healthy_value = Health.HEALTHY.value
+    for d in response.devices:
+        device_id = d.ID
+        # The kubelet counts anything but "Healthy" as unhealthy.
+        health = Health.HEALTHY if d.health == healthy_value else Health.UNHEALTHY
+        listed = d.topology.nodes  # empty without a topology (reading never sets it)
+        nodes = (listed[0].ID,) if len(listed) == 1 else tuple(n.ID for n in listed)
+        kept = last.get(device_id)
+        if kept is None or kept.health is not health or kept.numa_nodes != nodes:
+            kept = Device(id=device_id, health=health, numa_nodes=nodes)
+        out[device_id] = kept
+    return out
 
 
 def describe_error(exc: BaseException) -> str:

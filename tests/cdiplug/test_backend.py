@@ -104,3 +104,34 @@ def test_the_fake_backend_has_no_optional_abilities(world):
 
     backend = fake_plugin.create(load_config(None).resources, world)
     assert isinstance(backend, Backend) and abilities_of(backend) == Abilities()
+
+
+def test_entry_points_are_read_from_dist_info_folders_as_importlib_metadata_reads_them(tmp_path, monkeypatch):
+    import importlib.metadata
+    import sys
+
+    from cdiplug.backend import entry_points
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, dist, value in (
+        (first, "Demo_Pkg-1.0.dist-info", "demo.one:plugin"),
+        (second, "demo_pkg-2.0.dist-info", "demo.two:plugin"),
+    ):
+        (folder / dist).mkdir(parents=True)
+        (folder / dist / "entry_points.txt").write_text(
+            f"# a comment\n[console_scripts]\ndemo = demo.cli:main\n\n[cdiplug.backends]\ndemo = {value} [extra]\n"
+        )
+    (first / "other-0.1.dist-info").mkdir()  # no entry_points.txt
+    monkeypatch.setattr(sys, "path", [str(first), str(tmp_path / "missing"), str(second)])
+    found = [(ep.name, ep.value) for ep in entry_points("cdiplug.backends")]
+    assert found == [("demo", "demo.one:plugin")]  # the first distribution of a name wins
+    expected = [(ep.name, ep.value.partition("[")[0].strip()) for ep in importlib.metadata.entry_points(group="cdiplug.backends")]
+    assert found == expected
+    assert entry_points("nothing.here") == []
+
+
+def test_a_read_entry_point_loads_its_object():
+    from cdiplug.backend import _EntryPoint
+
+    assert _EntryPoint("x", "cdiplug.backend:load_plugins").load() is load_plugins
+    assert _EntryPoint("x", "cdiplug.backend").load().__name__ == "cdiplug.backend"

@@ -32,7 +32,7 @@ HOSTILE = {
     "fifo": (lambda p: os.mkfifo(p), "it is a FIFO, not a regular file"),
     "folder": (lambda p: p.mkdir(), "it is a folder, not a regular file"),
     "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "it is a character device"),
-    "too-big": (lambda p: p.write_bytes(b"#" * (CONFIG_LIMIT + 1)), "too big: 1,048,577 bytes (at most 1,048,576)"),
+    "too-big": (lambda p: p.write_bytes(b"#" * (CONFIG_LIMIT + 1)), "too big: more than 1,048,576 bytes"),
     "not-utf8": (lambda p: p.write_bytes(b"resources:\n- name: \xc3\x28\n"), "not UTF-8 text (byte 19 is 0xc3, on line 2)"),
     "deep": (lambda p: p.write_text("resources: " + "[" * 10_000 + "]" * 10_000), "nested more than 64 levels deep"),
     "huge-int": (lambda p: p.write_text("resources:\n- replicas: " + "1" * 100_000), "integer of 100,000 characters"),
@@ -82,12 +82,20 @@ def test_read_bounded_reads_regular_files_and_follows_links_only_when_asked(tmp_
     assert read_bounded(link, 10, "file") == b"x" * 10
     with pytest.raises(InputError, match="it is a symbolic link"):
         read_bounded(link, 10, "file", follow=False)
-    with pytest.raises(InputError, match="too big: 10 bytes"):
+    with pytest.raises(InputError, match="too big: more than 9 bytes"):
         read_bounded(target, 9, "file")
     assert read_bounded(tmp_path / "missing", 9, "file", missing_ok=True) is None
     assert read_text(target, 10, "file") == "x" * 10
     with pytest.raises(InputError, match="No such file"):
         read_bounded(tmp_path / "missing", 9, "file")
+
+
+def test_sysfs_and_proc_files_whose_size_lies_are_read() -> None:
+    """sysfs attributes report 4096 bytes and /proc files 0: the limit is on what is read."""
+    assert read_bounded("/proc/self/stat", 4096, "stat")
+    numa = Path("/sys/devices/system/node/node0/cpulist")
+    if numa.exists():
+        assert numa.stat().st_size == 4096 and 0 < len(read_bounded(numa, 64, "cpulist") or b"") < 64
 
 
 def test_anchors_within_the_budget_still_work() -> None:

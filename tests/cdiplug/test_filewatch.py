@@ -2,7 +2,8 @@
 
 Covers: files created, written, renamed and removed are reported by name; a burst arriving while
 the consumer is busy comes as one batch; the folder removed reports "." and the watch re-arms once
-the folder is back; a folder missing at start is waited for; closing ends the iteration.
+the folder is back (with ``gone_first``: reported while gone, and again while it stays gone); a
+folder missing at start is waited for; closing ends the iteration.
 """
 
 from __future__ import annotations
@@ -94,3 +95,24 @@ async def test_close_ends_the_iteration(short_tmp: Path) -> None:
     batches = aiter(watch)
     with pytest.raises(StopAsyncIteration):
         await next_batch(batches)
+
+
+async def test_gone_first_reports_at_once_and_again_while_the_folder_stays_gone(short_tmp: Path) -> None:
+    """For a consumer that re-creates the folder itself (the CDI spec keepers): the "." batch comes
+    while the folder is still gone, again for as long as it stays gone, and once more when the
+    watch is armed again; events after that are reported as usual."""
+    folder = short_tmp / "cdi"
+    folder.mkdir()
+    async with FolderWatch(folder, rearm_interval=0.01, gone_first=True) as watch:
+        batches = aiter(watch)
+        shutil.rmtree(folder)
+        assert FOLDER in await next_batch(batches)
+        assert not folder.exists()  # reported while gone: the consumer may act now
+        assert await next_batch(batches) == {FOLDER}  # still gone: said again
+        folder.mkdir()
+        while await next_batch(batches) != {FOLDER} or not folder.is_dir():
+            pass  # the "still gone" reports end with the one after re-arming
+        (folder / "x").write_text("x")
+        batch = await next_batch(batches)
+        while "x" not in batch:
+            batch = await next_batch(batches)

@@ -45,7 +45,9 @@ TEST_LABEL = "cdiplug.test/cluster"
 def script(*args: str, timeout: float = 900) -> str:
     result = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
-        pytest.fail(f"hack/local-cluster.sh {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-6000:]}", pytrace=False)
+        pytest.fail(
+            f"hack/local-cluster.sh {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-6000:]}", pytrace=False
+        )
     return result.stdout
 
 
@@ -150,13 +152,35 @@ class Kube:
     def delete_pods(self, namespace: str, *names: str, selector: str | None = None) -> None:
         """Delete and wait until they are gone (the kubelet has stopped them and freed their devices)."""
         which = ["-l", selector] if selector else list(names)
-        self("delete", "pod", "-n", namespace, *which, "--ignore-not-found", "--grace-period=1", "--wait=true", "--timeout=90s", timeout=120)
+        self(
+            "delete",
+            "pod",
+            "-n",
+            namespace,
+            *which,
+            "--ignore-not-found",
+            "--grace-period=1",
+            "--wait=true",
+            "--timeout=90s",
+            timeout=120,
+        )
 
     def remove_daemonset(self, namespace: str) -> None:
         """Delete cdiplug's DaemonSet and wait until its pod is gone (its sockets with it), then its
         namespace without waiting (the namespace controller takes its time; a later session waits
         for it if it must)."""
-        self("delete", "daemonset", "cdiplug", "-n", namespace, "--ignore-not-found", "--cascade=foreground", "--wait=true", "--timeout=90s", timeout=120)
+        self(
+            "delete",
+            "daemonset",
+            "cdiplug",
+            "-n",
+            namespace,
+            "--ignore-not-found",
+            "--cascade=foreground",
+            "--wait=true",
+            "--timeout=90s",
+            timeout=120,
+        )
         self("delete", "namespace", namespace, "--ignore-not-found", "--wait=false")
 
     def exec(self, pod: str, namespace: str, *command: str) -> str:
@@ -228,7 +252,9 @@ def pod_manifest(name: str, limits: Mapping[str, int], *, command: str = "sleep 
 def kube() -> Iterator[Kube]:
     if os.geteuid() != 0:
         pytest.fail("the cluster tests run a kubelet and containerd: run them as root", pytrace=False)
-    missing = [tool for tool in ("kubectl", "podman", "runc", "etcd", "debootstrap", "openssl", "curl") if shutil.which(tool) is None]
+    missing = [
+        tool for tool in ("kubectl", "podman", "runc", "etcd", "debootstrap", "openssl", "curl") if shutil.which(tool) is None
+    ]
     if missing:
         pytest.fail(
             f"missing {', '.join(missing)}: apt-get install podman runc etcd-server debootstrap containernetworking-plugins busybox-static curl "
@@ -243,7 +269,11 @@ def kube() -> Iterator[Kube]:
     env = dict(line.removeprefix("export ").split("=", 1) for line in script("env").splitlines() if "=" in line)
     kubeconfig = Path(env["KUBECONFIG"])
     state = Path(env["CDIPLUG_CLUSTER_DIR"])
-    nodes = json.loads(subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"], capture_output=True, text=True, check=True).stdout)
+    nodes = json.loads(
+        subprocess.run(
+            ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     (node,) = nodes["items"]
     yield Kube(kubeconfig, state, node["metadata"]["name"])
     if not was_up and not os.environ.get("CDIPLUG_CLUSTER_KEEP"):
@@ -255,7 +285,17 @@ def cdiplug(kube: Kube) -> Iterator[dict[str, Any]]:
     """cdiplug deployed from deploy/overlays/fake, freshly (what a previous session left is deleted
     first, so the pod runs the image just built). Yields its Ready pod."""
     HEALTH_FILE.unlink(missing_ok=True)
-    kube("delete", "namespace", NAMESPACE, TEST_NAMESPACE, CDI_CRI_NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    kube(
+        "delete",
+        "namespace",
+        NAMESPACE,
+        TEST_NAMESPACE,
+        CDI_CRI_NAMESPACE,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+        timeout=150,
+    )
     kube("delete", "-k", str(REPO / "deploy" / "examples"), "--ignore-not-found", "--grace-period=1", "--wait=true", timeout=120)
     kube("apply", "--validate=false", "-k", str(FAKE_OVERLAY))
     kube("create", "namespace", TEST_NAMESPACE)
@@ -278,4 +318,3 @@ def pods(kube: Kube, cdiplug: dict[str, Any]) -> Iterator[Callable[..., dict[str
 
     yield make
     kube.delete_pods(TEST_NAMESPACE, selector=TEST_LABEL)
-

@@ -42,7 +42,11 @@ def test_fake_overlay_runs_cdiplug_and_the_node_advertises_two_fpgas(kube: Any, 
     # The daemon is the container's process 1, and it registered with this node's kubelet.
     cmdline = kube.exec(cdiplug["metadata"]["name"], NAMESPACE, "cat", "/proc/1/cmdline").split("\0")
     assert "/opt/cdiplug/bin/cdiplug" in cmdline[:2] and "serve" in cmdline, cmdline
-    logs = [json.loads(line) for line in kube("logs", "-n", NAMESPACE, cdiplug["metadata"]["name"]).splitlines() if line.startswith("{")]
+    logs = [
+        json.loads(line)
+        for line in kube("logs", "-n", NAMESPACE, cdiplug["metadata"]["name"]).splitlines()
+        if line.startswith("{")
+    ]
     assert any(entry["message"].startswith(f"registered {FPGA} with the kubelet") for entry in logs), logs
     node = kube.watch(
         f"node/{kube.node}",
@@ -84,7 +88,9 @@ def test_seed_experiment_two_pods_run_on_distinct_devices_the_third_is_pending(k
         kube("delete", "-k", examples, "--ignore-not-found", "--grace-period=1", "--wait=true", "--timeout=90s", timeout=120)
 
 
-def test_kubelet_restart_cdiplug_registers_again_and_running_pods_keep_their_devices(kube: Any, cdiplug: dict[str, Any], pods: Any) -> None:
+def test_kubelet_restart_cdiplug_registers_again_and_running_pods_keep_their_devices(
+    kube: Any, cdiplug: dict[str, Any], pods: Any
+) -> None:
     first = pods("keeps-device", {FPGA: 1})
     device = kube.env_of("keeps-device", TEST_NAMESPACE)["FAKE_FPGA_DEVICES"]
     container_id = first["status"]["containerStatuses"][0]["containerID"]
@@ -121,12 +127,16 @@ def test_kubelet_restart_cdiplug_registers_again_and_running_pods_keep_their_dev
     kube.wait_node("allocatable", FPGA, "2")
 
 
-def test_daemonset_brings_back_a_deleted_cdiplug_pod_and_the_resource_returns(kube: Any, cdiplug: dict[str, Any], pods: Any) -> None:
+def test_daemonset_brings_back_a_deleted_cdiplug_pod_and_the_resource_returns(
+    kube: Any, cdiplug: dict[str, Any], pods: Any
+) -> None:
     old = kube.daemon_pod()
     kube("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=true", "--timeout=60s", timeout=70)
     new = kube.watch(
         "pods",
-        lambda p: p["metadata"]["uid"] != old["metadata"]["uid"] and p["metadata"].get("deletionTimestamp") is None and kube.is_ready(p),
+        lambda p: (
+            p["metadata"]["uid"] != old["metadata"]["uid"] and p["metadata"].get("deletionTimestamp") is None and kube.is_ready(p)
+        ),
         what="a new Ready cdiplug pod",
         namespace=NAMESPACE,
         selector="app.kubernetes.io/name=cdiplug",

@@ -284,6 +284,15 @@ def test_probes_point_at_the_metrics_port(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", DAEMON_KUSTOMIZATIONS)
+def test_metrics_listen_on_the_pod_ip_only(name: str) -> None:
+    """Issue #12: the endpoint has no authentication; never every interface of the node."""
+    d = daemon(name)
+    assert d.flags["metrics-address"].rpartition(":")[0] == "$(POD_IP)"
+    env = {e["name"]: e for e in d.container.get("env", [])}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.parametrize("name", DAEMON_KUSTOMIZATIONS)
 def test_command_line_is_what_cdiplug_serve_accepts(name: str) -> None:
     d = daemon(name)
     parsed = build_parser().parse_args(d.container["args"])
@@ -402,7 +411,9 @@ def test_containerfile() -> None:
     # The base image is a build argument (hack/local-cluster.sh passes a Debian one made with
     # debootstrap); its default, what users get, is the public slim Python image.
     args = dict(line.split(None, 1)[1].split("=", 1) for line in instructions if line.startswith("ARG ") and "=" in line)
-    froms = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], line.split()[1]) for line in instructions if line.startswith("FROM ")]
+    froms = [
+        re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], line.split()[1]) for line in instructions if line.startswith("FROM ")
+    ]
     assert froms and all(re.fullmatch(r"docker\.io/library/python:3\.11-slim(-\w+)?", f) for f in froms)
     assert re.search(r"pip install [^\n]*\.\s", text)
     assert 'ENTRYPOINT ["cdiplug"]' in instructions

@@ -245,16 +245,23 @@ def check_container(report: Report, expected: Expected, label: str) -> None:
 
 @pytest.fixture
 def cdi_files() -> Iterator[list[Path]]:
-    """The spec files this test may write into /var/run/cdi: refuses to clobber existing ones
-    (another run or a real cdiplug), removes exactly these afterwards."""
+    """The spec files this test may write into /var/run/cdi: refuses to run beside a live cdiplug
+    (whose specs the daemon under test would remove as stale), removes exactly these afterwards.
+
+    Per-resource specs that no running cdiplug owns (a local cluster's DaemonSet that is gone)
+    are leftovers: they are moved out of the way, as the daemon under test would remove them."""
     writer = SpecWriter(CDI_DIR)
     paths = [writer.path_for(kind) for kind in RESOURCES]
-    others = sorted(p.name for p in CDI_DIR.glob("cdiplug-*.json") if p not in paths)
+    others = sorted(p for p in CDI_DIR.glob("cdiplug-*.json") if p not in paths and not p.name.startswith("cdiplug-claim-"))
     if others:
-        pytest.fail(
-            f"{CDI_DIR} holds other cdiplug specs ({', '.join(others)}): a cdiplug seems to run on this machine, "
-            "and the daemon under test would remove them as stale"
-        )
+        live = subprocess.run(["pgrep", "-f", "cdiplug serve"], capture_output=True, text=True).stdout.split()
+        if live:
+            pytest.fail(
+                f"{CDI_DIR} holds other cdiplug specs ({', '.join(p.name for p in others)}) and cdiplug runs on this "
+                f"machine (pids {', '.join(live)}): the daemon under test would remove its specs as stale"
+            )
+        for p in others:
+            p.unlink(missing_ok=True)
     for p in paths:  # only our own e2e kinds: left over from an interrupted run
         p.unlink(missing_ok=True)
     try:

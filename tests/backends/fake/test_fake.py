@@ -109,6 +109,19 @@ async def test_numa_nodes_round_robin(world):
     assert [d.numa_nodes for d in snap.devices] == [(1,), (0,), (1,), (0,), (1,)]
 
 
+async def test_a_health_change_keeps_every_other_device_the_same_object(world):
+    [r] = resources({"count": 64, "numa_nodes": [0, 1]})
+    backend = FakeBackend([r], world)
+    first = backend.snapshot(r, {})
+    down = backend.snapshot(r, {"fpga-7": Health.UNHEALTHY})
+    changed = [d.id for a, d in zip(first.devices, down.devices) if a is not d]
+    assert changed == ["fpga-7"]
+    assert down.get("fpga-7").health is Health.UNHEALTHY and down.get("fpga-7").edits == first.get("fpga-7").edits
+    again = backend.snapshot(r, {})
+    assert all(a is b for a, b in zip(first.devices, again.devices))
+    assert backend.snapshot(r, {"fpga-7": Health.UNHEALTHY}).get("fpga-7") is down.get("fpga-7")
+
+
 async def test_every_resource_is_published(world):
     rs = resources({"count": 1}, {"count": 0}, names=("example.com/fpga", "vendor.io/nic-vf"))
     async with running(plugin.create(rs, world)) as sink:

@@ -385,3 +385,20 @@ def test_group_lock_excludes_other_holders(world: World) -> None:
     t2.join(5)
     assert order == ["first in", "first out", "second in"]
     assert os.path.exists(world.state_dir / "pci" / "locks" / "40.lock")
+
+
+def test_temporary_files_of_dead_writers_are_removed_at_recovery(world: World, tree: SysfsTree, kernel, vfs) -> None:
+    """A process killed while writing a state file leaves ``.<name>.<pid>.<tid>.tmp``: recovery
+    removes those of dead processes, never a live one's."""
+    journal = Journal(world.state_dir)
+    journal.ensure()
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    left = journal.journal_dir / f".40.json.{dead}.1234.tmp"
+    left.write_text("{half")
+    ours = journal.bound_dir / f".{VF}.json.{os.getpid()}.1234.tmp"
+    ours.write_text("{being written")
+    binder_for(world, kernel).recover()
+    assert not left.exists() and ours.exists()

@@ -480,3 +480,18 @@ async def test_pre_start_goes_to_the_backend_with_underlying_devices():
     plain.update(snapshot())
     assert not plain.pre_start_required
     await plain.pre_start(["anything"])  # nothing to do
+
+
+async def test_a_repeated_allocate_answers_the_same_object_until_the_snapshot_changes():
+    a = Allocator(resource(), Abilities())
+    first = snapshot()
+    a.update(first)
+    [one] = await a.allocate([["d1", "d2"]])
+    [again] = await a.allocate([["d1", "d2"]])
+    assert again is one
+    [other_order] = await a.allocate([["d2", "d1"]])
+    assert other_order is not one and other_order.device_ids == ("d2", "d1")
+    changed = first.with_devices([*first.devices[:2], device(2, edits=ContainerEdits(env={"NEW": "1"})), first.devices[3]])
+    a.update(changed)
+    [after] = await a.allocate([["d1", "d2"]])
+    assert after is not one and ("NEW", "1") in after.env
