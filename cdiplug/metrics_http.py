@@ -27,14 +27,26 @@ import threading
 from collections import Counter
 from collections.abc import Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.exposition import choose_encoder
 
 from .errors import CdiplugError
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from prometheus_client import CollectorRegistry
+
+
+class Metrics(Protocol):
+    """What the HTTP side reads of :class:`cdiplug.metrics.Metrics` (which serves through this)."""
+
+    registry: CollectorRegistry
+    health_timeout: float
+
+    def not_ready(self) -> list[str] | None: ...
+
+    def backends_down(self) -> list[str]: ...
+
 
 log = logging.getLogger(__name__)
 
