@@ -23,12 +23,8 @@ registration (``cdiplug.deviceplugin.registration``), nor when to (re)start (``c
 from __future__ import annotations
 
 import asyncio
-import errno
 import itertools
 import logging
-import os
-import socket
-import stat
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -43,9 +39,9 @@ from ..errors import (
     DeviceUnavailable,
     InvalidRequest,
     PreparationError,
-    SocketInUse,
 )
 from ..model import ContainerAllocation, DeviceSnapshot, PreferredRequest
+from ..unixserver import UnixServer
 from ..wire import Undecodable, lenient
 from .messages import AnswerCache, ListCache, serialize_passthrough
 
@@ -130,47 +126,6 @@ def _cut(text: str, limit: int = MAX_DETAILS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} chars)"
 
 
-# -- the socket ---------------------------------------------------------------------------------
-
-
-async def socket_is_live(path: Path, timeout: float = PROBE_TIMEOUT) -> bool:
-    """Whether some process accepts connections on the unix socket at ``path``."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    try:
-        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, str(path)), timeout)
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False
-    except TimeoutError:
-        return True  # a full backlog: somebody listens, just slowly
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
-            return False
-        raise SocketInUse(f"cannot probe socket {path}: {exc.strerror}") from exc
-    finally:
-        sock.close()
-    return True
-
-
-async def clear_stale_socket(path: Path) -> None:
-    """Remove a socket nobody answers on; refuse when a live process does or it is no socket."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
-    if await socket_is_live(path):
-        raise SocketInUse(f"another process is serving on {path}; is a second cdiplug running?")
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise SocketInUse(f"cannot remove stale socket {path}: {exc.strerror}") from exc
-    log.info("removed stale socket %s", path)
-
-
 # -- the server ---------------------------------------------------------------------------------
 
 
@@ -187,8 +142,7 @@ class ResourceServer:
         self.socket_name = socket_name
         self.socket_path = Path(kubelet_dir) / socket_name
         self.allocator = allocator
-        self._server: grpc.aio.Server | None = None
-        self._inode: tuple[int, int, int] | None = None
+        self._unix = UnixServer(self.socket_path, lambda server: _add_servicer(_Servicer(self), server))
         self._streams: set[asyncio.Queue[Any]] = set()
         self._current: bytes | None = None
         self._advertised: DeviceSnapshot | None = None
@@ -200,7 +154,7 @@ class ResourceServer:
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return self._unix.serving
 
     @property
     def stream_count(self) -> int:
@@ -216,59 +170,24 @@ class ResourceServer:
 
     def socket_present(self) -> bool:
         """Whether our socket file is still where we bound it (a kubelet restart wipes the folder)."""
-        try:
-            st = self.socket_path.lstat()
-        except OSError:
-            return False
-        # ctime too: a new socket may get the inode number of one just removed.
-        return (st.st_dev, st.st_ino, st.st_ctime_ns) == self._inode
+        return self._unix.present()
 
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Serve on our socket: refuse when a live process answers there, replace a stale one.
-
-        grpc binds a temporary name in the same folder, which is then narrowed to 0600 and renamed
-        over the socket's name: the socket never appears with wider permissions, and grpc, which
-        unlinks the path it bound when it stops, can never remove a socket someone else bound at
-        our name later (a restarted kubelet wipes the folder; another plugin may take the name).
-        """
-        if self._server is not None:
+        """Serve on our socket (:class:`~cdiplug.unixserver.UnixServer`: a live one refused, a
+        stale one replaced, 0600 from the start, never someone else's removed)."""
+        if self._unix.serving:
             return
-        await clear_stale_socket(self.socket_path)
-        temp = self.socket_path.with_name(f".cdiplug-{os.getpid()}-{next(_temp_names)}.sock")
-        server = grpc.aio.server()
-        _add_servicer(_Servicer(self), server)
-        try:
-            if server.add_insecure_port(f"unix://{temp}") == 0:
-                raise SocketInUse(f"cannot bind a socket in {self.socket_path.parent}")
-            os.chmod(temp, SOCKET_MODE)
-            os.rename(temp, self.socket_path)
-            st = self.socket_path.lstat()
-            await server.start()
-        except OSError as exc:
-            await _discard(server, temp)
-            raise SocketInUse(f"cannot serve on {self.socket_path}: {exc.strerror or exc}") from exc
-        except BaseException:
-            await _discard(server, temp)
-            raise
-        self._inode = (st.st_dev, st.st_ino, st.st_ctime_ns)
-        self._server = server
+        await self._unix.start()
         self._log.info("serving %s on %s", self.resource, self.socket_path)
 
     async def stop(self, grace: float | None = 0.2) -> None:
         """End the streams, stop serving and remove our socket (only if it is still ours)."""
-        server, self._server = self._server, None
-        if server is None:
+        if not self._unix.serving:
             return
         self.end_streams()
-        await server.stop(grace)
-        if self.socket_present():  # never remove a socket somebody else bound at our name
-            try:
-                self.socket_path.unlink()
-            except FileNotFoundError:
-                pass
-        self._inode = None
+        await self._unix.stop(grace)
         self._log.info("stopped serving %s", self.resource)
 
     async def restart(self) -> None:
@@ -304,14 +223,6 @@ class ResourceServer:
     def _close_stream(self, queue: asyncio.Queue[Any]) -> None:
         self._streams.discard(queue)
         self._log.debug("ListAndWatch stream closed (%d open)", len(self._streams))
-
-
-async def _discard(server: grpc.aio.Server, temp: Path) -> None:
-    await server.stop(None)
-    try:
-        temp.unlink()
-    except OSError:
-        pass
 
 
 def _offer(queue: asyncio.Queue[Any], item: Any) -> None:

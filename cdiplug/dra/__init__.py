@@ -5,7 +5,7 @@ One concept per module:
 - :mod:`.frontend`: :class:`DraFrontEnd`, start/reload/stop of every DRA resource;
 - :mod:`.driver`: one resource as one driver (sockets, slices, health, snapshots);
 - :mod:`.registration`, :mod:`.service`, :mod:`.health`: the gRPC edges (plugin registration v1,
-  ``v1.DRAPlugin``/``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth``); :mod:`.sockets` serves them;
+  ``v1.DRAPlugin``/``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth``); :class:`cdiplug.unixserver.UnixServer` serves them (as it serves the device-plugin sockets);
 - :mod:`.slices` (pure) and :mod:`.publisher`: ResourceSlices, built and kept on the API server;
 - :mod:`.claims` (pure), :mod:`.prepare`, :mod:`.claimspec`, :mod:`.checkpoint`: claims read,
   prepared through the host, given a CDI spec each, and remembered across restarts;

@@ -25,13 +25,13 @@ from ..model import DeviceSnapshot
 from ..resource import ResourceConfig
 from ..supervisor import Supervisor
 from ..telemetry import NULL_RECORDER, Recorder
+from ..unixserver import UnixServer
 from ..world import World
 from . import health as health_service
 from . import registration, service
 from .health import HealthFeed
 from .prepare import ClaimPreparer
 from .publisher import SlicePublisher
-from .sockets import UnixServer
 
 log = logging.getLogger(__name__)
 

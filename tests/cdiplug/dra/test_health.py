@@ -14,8 +14,8 @@ from cdiplug.api import drahealth_v1alpha1_pb2 as pb
 from cdiplug.api import drahealth_v1alpha1_pb2_grpc as pb_grpc
 from cdiplug.dra.health import HealthFeed, add_to_server
 from cdiplug.dra.slices import device_name
-from cdiplug.dra.sockets import UnixServer
 from cdiplug.model import Device, DeviceSnapshot, Health
+from cdiplug.unixserver import UnixServer
 
 
 def health(message: pb.NodeWatchResourcesResponse) -> dict[str, str]:
