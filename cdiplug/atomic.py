@@ -56,3 +56,20 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def make_dirs(folder: Path, mode: int) -> None:
+    """Create ``folder`` and its missing parents with exactly ``mode``, whatever the umask.
+
+    Folders that exist are left as they are. Raises ``OSError``.
+    """
+    missing: list[Path] = []
+    while not folder.is_dir() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=mode)
+        except FileExistsError:
+            continue
+        os.chmod(path, mode)  # mkdir's mode went through the umask

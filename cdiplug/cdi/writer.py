@@ -28,7 +28,7 @@ from pathlib import Path
 
 from attrs import frozen
 
-from ..atomic import TEMP_SUFFIX, write_atomic
+from ..atomic import TEMP_SUFFIX, make_dirs, write_atomic
 from ..errors import CdiError, InputError
 from ..files import read_bounded
 from ..model import DeviceSnapshot
@@ -218,18 +218,8 @@ class SpecWriter:
         found = _stat(self.cdi_dir)
         if found is not None and not stat_module.S_ISDIR(found.mode) and not self.cdi_dir.is_dir():
             self._move_aside(self.cdi_dir, found)  # a file where the folder belongs
-        missing: list[Path] = []
-        folder = self.cdi_dir
-        while not folder.is_dir() and folder != folder.parent:
-            missing.append(folder)
-            folder = folder.parent
         try:
-            for folder in reversed(missing):
-                try:
-                    folder.mkdir(mode=DIR_MODE)
-                except FileExistsError:
-                    continue
-                os.chmod(folder, DIR_MODE)
+            make_dirs(self.cdi_dir, DIR_MODE)
         except OSError as exc:
             raise CdiError(f"cannot create CDI folder {self.cdi_dir}: {exc.strerror}") from exc
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from ..atomic import write_atomic
+from ..atomic import make_dirs, write_atomic
 from ..cdi.build import build_spec
 from ..cdi.spec import to_json
 from ..errors import CdiError
@@ -82,7 +82,7 @@ def write(cdi_dir: Path, uid: str, content: bytes) -> Path:
     """Write the claim's spec atomically; CdiError on failure (no half-written file)."""
     path = Path(cdi_dir) / file_name(uid)
     try:
-        Path(cdi_dir).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        make_dirs(Path(cdi_dir), DIR_MODE)
         write_atomic(path, content, FILE_MODE)
     except OSError as exc:
         raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug.atomic import TEMP_SUFFIX, write_atomic
+from cdiplug.atomic import TEMP_SUFFIX, make_dirs, write_atomic
 
 
 def test_writes_with_the_mode_asked_for_whatever_the_umask(tmp_path: Path) -> None:
@@ -48,3 +48,14 @@ def test_a_symlink_planted_at_the_temporary_name_is_not_followed(tmp_path: Path)
     with pytest.raises(OSError):
         write_atomic(target, b"new", 0o644)
     assert victim.read_bytes() == b"keep"
+
+
+def test_make_dirs_gives_the_mode_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        make_dirs(tmp_path / "a" / "b", 0o755)
+        make_dirs(tmp_path / "a" / "b", 0o700)  # there already: left as it is
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "a" / "b").stat().st_mode) == 0o755
