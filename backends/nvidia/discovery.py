@@ -170,9 +170,10 @@ def dra_attributes(gpu: Gpu) -> dict[str, AttributeValue]:
 
 
 def _semver(version: str) -> str:
-    """NVIDIA's ``550.54.15`` is semver already; ``550.54`` gets its ``.0``."""
-    parts = version.split(".")
-    return ".".join((parts + ["0", "0"])[:3]) if len(parts) < 3 else version
+    """A driver version as semver: ``550.54`` gets its ``.0``, and leading zeros go (an H200's
+    driver reports ``580.159.04``, which semver, and so the API server, refuses as a version)."""
+    parts = [str(int(p)) if p.isdigit() else p for p in version.split(".")]
+    return ".".join((parts + ["0", "0"])[:3]) if len(parts) < 3 else ".".join(parts)
 
 
 def to_device(gpu: Gpu, health: Health) -> Device:

@@ -45,7 +45,9 @@ def _device(device: Device) -> dict[str, Any]:
         "prepare_group": device.prepare_group,
         "device_nodes": [n.path for n in device.edits.device_nodes],
         "env": dict(device.edits.env),
-        "attributes": dict(device.attributes),
+        # Typed as DRA publishes them; a version is written as its text.
+        "attributes": {k: v if isinstance(v, (str, int, bool)) else str(v) for k, v in device.attributes},
+        "capacity": dict(device.capacity),
     }
 
 

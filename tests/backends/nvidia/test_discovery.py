@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import attrs
+import pytest
 
 from cdiplug.model import DeviceNode, Health, Mount, Version
 from cdiplug.testing import FakeNvml, SysfsTree
@@ -188,3 +189,17 @@ async def test_driver_mounts_are_common_edits(world: World, nv, sink) -> None:
     async with nv.running(nv.backend(res, w), sink):
         snap = sink.latest["nvidia.com/gpu"]
     assert snap.common_edits.mounts == (Mount(host_path="/usr/bin/nvidia-smi", container_path="/usr/bin/nvidia-smi"),)
+
+
+@pytest.mark.parametrize(
+    ("reported", "published"),
+    [("550.54.15", "550.54.15"), ("580.159.04", "580.159.4"), ("535.104", "535.104.0"), ("570", "570.0.0")],
+)
+def test_driver_versions_become_semver(reported: str, published: str) -> None:
+    # A real H200 reports 580.159.04: not semver (a leading zero), so DRA would publish it as a
+    # string, and CEL could not compare it as a version.
+    from cdiplug.dra.slices import attribute_value
+    from cdiplug_backends.nvidia.discovery import _semver
+
+    assert _semver(reported) == published
+    assert attribute_value(Version(_semver(reported))) == {"version": published}

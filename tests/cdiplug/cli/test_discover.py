@@ -104,3 +104,25 @@ def test_bad_option_exits_2_naming_field_and_file(world: World) -> None:
     done = discover(world, config)
     assert done.returncode == 2
     assert "@ $.resources[0].options.selectors[0].vendor" in done.stderr and str(config) in done.stderr
+
+
+def test_typed_attributes_and_capacity_print_as_json_and_yaml() -> None:
+    # A GPU seen on a real H200 made `-o json` fail: versions (DRA's typed attributes) are no JSON.
+    import json
+
+    import yaml
+
+    from cdiplug.cli.discover import as_data
+    from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Version
+
+    gpu = Device(
+        "GPU-1",
+        edits=ContainerEdits(env={"A": "1"}),
+        attributes={"driverVersion": Version("580.159.4"), "gpuIndex": 0, "productName": "NVIDIA H200", "mig": False},
+        capacity={"memory": "143771Mi"},
+    )
+    data = as_data({"nvidia.com/gpu": DeviceSnapshot("nvidia.com/gpu", [gpu])})
+    [device] = json.loads(json.dumps(data))["nvidia.com/gpu"]["devices"]
+    assert device["attributes"] == {"driverVersion": "580.159.4", "gpuIndex": 0, "productName": "NVIDIA H200", "mig": False}
+    assert device["capacity"] == {"memory": "143771Mi"}
+    assert yaml.safe_load(yaml.safe_dump(data)) == json.loads(json.dumps(data))
