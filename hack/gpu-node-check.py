@@ -36,7 +36,7 @@ async def main(folder: Path) -> int:
     async with KubeletStandIn(world.kubelet_dir) as kubelet, running_daemon(config, world):
         await kubelet.wait_registered(GPU, timeout=60)
         try:
-            await kubelet.wait_until(lambda: kubelet.capacity(GPU) > 0, 20, "GPUs listed")
+            await kubelet.wait_until(lambda: kubelet.capacity(GPU) > 0, 10, "GPUs listed")
         except TimeoutError:
             print(f"{GPU} registered but lists no GPU (no NVIDIA driver here?); see the daemon's log above")
             return 1

@@ -68,3 +68,17 @@ def test_default_kind_is_valid_and_clashes_with_nothing_nvidia_writes() -> None:
     assert kind_problem(kind) is None
     assert kind not in NVIDIA_OWNED_KINDS and clash_problem(kind) is None
     assert "cdiplug.nvidia.com/gpu" in (clash_problem("nvidia.com/gpu") or "")
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None,
+    reason="this checks the no-driver path; this machine has the NVIDIA driver library",
+)
+def test_the_node_check_without_a_driver_says_so_and_exits_1() -> None:
+    # hack/gpu-node-check.py runs the real daemon against the kubelet stand-in; without NVML the
+    # GPU resource registers with no devices and the script says so (on an H200 it admitted a pod).
+    script = SCRIPT.parent / "gpu-node-check.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "nvidia.com/gpu registered but lists no GPU" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
