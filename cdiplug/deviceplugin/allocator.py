@@ -25,6 +25,7 @@ error raised here.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -244,8 +245,6 @@ class Allocator:
     def _annotations(self, devices: list[Device], names: tuple[str, ...]) -> dict[str, str]:
         # The key must be the same for a repeated Allocate and differ between resources and
         # device sets of one container, so it is derived from both rather than random.
-        import hashlib  # on first Allocate, not before Register (a dict look-up after that)
-
         digest = hashlib.sha256("\0".join([self.resource.name, *(d.id for d in devices)]).encode())
         return dict(cdi_annotations(PLUGIN_NAME, digest.hexdigest()[:16], names))
 
