@@ -12,6 +12,7 @@ plugin declares, with the same converter, so backends get the same strictness an
 from __future__ import annotations
 
 import collections.abc
+import copy
 import enum
 import typing
 from collections.abc import Mapping
@@ -166,6 +167,10 @@ resources:
     options: {count: 2}
 """
 
+# The same, already loaded: `cdiplug serve` without --config does not import yaml at all
+# (test_config checks the two stay equal).
+DEFAULT_CONFIG: Mapping[str, Any] = {"resources": [{"name": "example.com/fpga", "backend": "fake", "options": {"count": 2}}]}
+
 
 def _errors(exc: Exception, path: str, source: str) -> ConfigError:
     """The first problem cattrs found, as a ConfigError; the others are appended to the message."""
@@ -286,7 +291,7 @@ def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlu
     bytes) and parsed with the bounds of ``cdiplug.safeload``; every problem is a ConfigError.
     """
     if path is None:
-        return parse_config(load_yaml(DEFAULT_CONFIG_YAML, "<built-in default>"), "<built-in default>", plugins)
+        return parse_config(copy.deepcopy(DEFAULT_CONFIG), "<built-in default>", plugins)
     source = str(path)
     try:
         text = read_text(path, CONFIG_LIMIT, "configuration")

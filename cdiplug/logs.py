@@ -10,7 +10,6 @@ The boundary: formatting and handler setup only; modules log through ``logging.g
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -45,6 +44,8 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         elif record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
+        import json  # the JSON format only: text logs never need it
+
         return json.dumps(entry, ensure_ascii=False)
 
 

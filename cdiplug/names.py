@@ -17,7 +17,6 @@ ends all check names here.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from .errors import CdiNameError
@@ -110,6 +109,8 @@ def device_name(device_id: str) -> str:
     if _DEVICE.fullmatch(device_id):
         return device_id
     cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", device_id).strip("_.:-") or "dev"
+    import hashlib  # only for an ID that needs mapping
+
     digest = hashlib.sha256(device_id.encode()).hexdigest()[:12]
     return f"{cleaned}-{digest}"
 

@@ -20,7 +20,6 @@ and the daemon's start-up time is measured.
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 from .errors import InputError
@@ -53,6 +52,8 @@ def load_yaml(text: str, source: str, what: str = "YAML") -> Any:
 
 def load_json(text: str, source: str, what: str = "JSON") -> Any:
     """One JSON document, bounded as the module docstring says."""
+    import json  # not on the default serve path (YAML configuration and health files)
+
     try:
         data = json.loads(text, parse_int=_json_int)
     except json.JSONDecodeError as exc:

@@ -8,7 +8,6 @@ characters become ``_`` and, when anything had to change, a short hash of the or
 two different IDs never share a key. The value is the comma-joined qualified CDI names.
 """
 
-import hashlib
 import re
 from collections.abc import Sequence
 
@@ -36,6 +35,8 @@ def key_name(plugin_name: str, device_id: str) -> str:
     name = f"{plugin_name}_{device_id.replace('/', '_')}"
     if is_valid_name(name):
         return name
+    import hashlib  # only for a name too long or with other characters
+
     digest = hashlib.sha256(f"{plugin_name}\0{device_id}".encode()).hexdigest()[:_HASH_LENGTH]
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     room = MAX_NAME_LENGTH - len(digest) - 1

@@ -18,15 +18,12 @@ read. A folder the writer creates gets mode 0755 whatever the umask.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import stat as stat_module
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-
-from attrs import frozen
 
 from ..atomic import TEMP_SUFFIX, make_dirs, write_atomic
 from ..errors import CdiError, InputError
@@ -45,16 +42,34 @@ CLAIM_PREFIX = "cdiplug-claim-"
 MOVED_ASIDE = ".moved-aside-"
 
 
-@frozen
 class _Stamp:
-    """Enough of ``os.stat`` to notice that someone else replaced or edited the file."""
+    """Enough of ``os.stat`` to notice that someone else replaced or edited the file.
 
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    mode: int  # with the file type: a folder or a symlink never equals a file we wrote
+    Internal to this module, so a plain class (no attrs class to build at start-up); compared
+    and hashed by value, never changed after it is made.
+    """
+
+    __slots__ = ("dev", "ino", "size", "mtime_ns", "ctime_ns", "mode")
+
+    def __init__(self, dev: int, ino: int, size: int, mtime_ns: int, ctime_ns: int, mode: int) -> None:
+        self.dev = dev
+        self.ino = ino
+        self.size = size
+        self.mtime_ns = mtime_ns
+        self.ctime_ns = ctime_ns
+        self.mode = mode  # with the file type: a folder or a symlink never equals a file we wrote
+
+    def _key(self) -> tuple[int, int, int, int, int, int]:
+        return (self.dev, self.ino, self.size, self.mtime_ns, self.ctime_ns, self.mode)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stamp) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "_Stamp(dev={}, ino={}, size={}, mtime_ns={}, ctime_ns={}, mode={})".format(*self._key())
 
     @classmethod
     def of(cls, st: os.stat_result) -> _Stamp:
@@ -65,15 +80,18 @@ class _Stamp:
         return stat_module.S_ISREG(self.mode)
 
 
-@frozen
 class _Written:
     """What was last written: the snapshot, the content's size and digest (not the bytes: a spec
-    of thousands of devices is most of a megabyte), and the file's stamp."""
+    of thousands of devices is most of a megabyte), and the file's stamp. Internal, never
+    changed after it is made (a plain class, as :class:`_Stamp`)."""
 
-    snapshot: DeviceSnapshot
-    size: int
-    digest: bytes
-    stamp: _Stamp
+    __slots__ = ("snapshot", "size", "digest", "stamp")
+
+    def __init__(self, snapshot: DeviceSnapshot, size: int, digest: bytes, stamp: _Stamp) -> None:
+        self.snapshot = snapshot
+        self.size = size
+        self.digest = digest
+        self.stamp = stamp
 
     @classmethod
     def of(cls, snapshot: DeviceSnapshot, content: bytes, stamp: _Stamp) -> _Written:
@@ -84,6 +102,8 @@ class _Written:
 
 
 def _digest(content: bytes) -> bytes:
+    import hashlib  # on the first spec write, after the servers started
+
     return hashlib.sha256(content).digest()
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -132,5 +131,7 @@ async def register(
             )
             return attempts
         # Jitter keeps several resources from hammering a recovering kubelet in lockstep.
+        import random  # only once a Register failed: not on the start path
+
         await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
         backoff = min(backoff * 2, max_backoff)

@@ -8,15 +8,19 @@ and unreadable files, backends that are unknown or cannot be imported, and optio
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
+import yaml
 from attrs import frozen
 
 from cdiplug import backend as backend_module
 from cdiplug.backend import ENTRY_POINT_GROUP, BackendPlugin, PluginRegistry
 from cdiplug.config import (
+    DEFAULT_CONFIG,
     DEFAULT_CONFIG_YAML,
     Config,
     load_config,
@@ -251,3 +255,21 @@ def test_a_backend_may_choose_the_default_cdi_kind_and_cdi_kind_still_wins():
         plugins,
     )
     assert [r.cdi_kind for r in config.resources] == ["cdiplug.nvidia.com/gpu", "example.com/a10"]
+
+
+def test_built_in_default_mapping_says_what_the_yaml_says():
+    assert yaml.safe_load(DEFAULT_CONFIG_YAML) == DEFAULT_CONFIG
+
+
+def test_default_serve_path_imports_nothing_it_does_not_need():
+    """`cdiplug serve` without --config: no YAML, no JSON, no metrics, no DRA, no hardware
+    libraries, no CDI spec building before Register (start-up time and memory, issue #13)."""
+    code = (
+        "import sys, cdiplug.cli.serve, cdiplug.daemon; from cdiplug.config import load_config; load_config(None);"
+        "heavy = ('yaml', 'json', 'prometheus_client', 'lightkube', 'pyroute2', 'pyudev', 'pynvml', 'cdiplug.dra',"
+        " 'cdiplug.cdi.build', 'cdiplug.metrics');"
+        "bad = sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in heavy));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
