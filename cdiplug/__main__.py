@@ -9,8 +9,9 @@ import sys
 
 def main() -> int:
     if next((w for w in sys.argv[1:] if not w.startswith("-")), None) == "serve":
-        from . import signals
+        from . import heap, signals
 
+        heap.pause()  # until every resource is registered (cdiplug.heap)
         signals.install_early()
     from .cli import main as cli_main
 

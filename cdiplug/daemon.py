@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import signals
+from . import heap, signals
 from .backend import BackendPlugin
 from .brief import brief
 from .config import Config, check_against, load_config
@@ -40,6 +39,9 @@ if TYPE_CHECKING:
     from .metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# How long start-up may leave the garbage collector paused (cdiplug.heap) waiting for the kubelet.
+SETTLE_TIMEOUT = 5.0
 
 
 class Daemon:
@@ -70,6 +72,7 @@ class Daemon:
         self.node: Node | None = None
         self.supervisor = Supervisor()
         self.started = asyncio.Event()  # set once every server is serving (registration may wait)
+        self.settled = asyncio.Event()  # start-up's heap settled (cdiplug.heap), after every registration
         self._stop = stop if stop is not None else asyncio.Event()
         self._reload = asyncio.Event()
         self._reloads_done = 0
@@ -117,11 +120,8 @@ class Daemon:
                 node = self.node = Node(config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder)
                 try:
                     await node.start()
-                    # What start-up made (modules, classes, configuration) lives as long as the
-                    # daemon: keep it out of the garbage collector's full passes, which would
-                    # otherwise walk all of it again and again while Allocates wait.
-                    gc.freeze()
                     self.started.set()
+                    self.supervisor.spawn("settle-heap", self._settle_heap(node))
                     self.supervisor.spawn("reloader", self._reloader())
                     await self._wait_for_stop()
                 finally:
@@ -134,6 +134,17 @@ class Daemon:
                 signals.reinstall()
         log.info("stopped cleanly")
         return 0
+
+    async def _settle_heap(self, node: Node) -> None:
+        """Once the kubelet knows every resource (or after SETTLE_TIMEOUT): :func:`heap.settle`.
+
+        Not sooner: its full collection takes a few milliseconds the registrations should not wait for.
+        """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(node.wait_registered(), SETTLE_TIMEOUT)
+        found = heap.settle()
+        log.debug("start-up settled: %d objects collected, the rest frozen", found)
+        self.settled.set()
 
     def _on_stop_signal(self, sig: int) -> None:
         log.info("%s received; stopping", signal.Signals(sig).name)

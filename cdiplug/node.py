@@ -112,6 +112,12 @@ class Node:
                 await self._dra().start(served_by(config, Api.DRA))
             self.host.start()
 
+    async def wait_registered(self) -> None:
+        """Return once the kubelet has accepted every resource of the configuration at least once."""
+        await self.device_plugin.wait_registered()
+        if self.dra is not None:
+            await self.dra.wait_registered()
+
     async def reload(self, config: Config) -> None:
         """Apply a new configuration; raises (changing nothing) when a new backend cannot be created."""
         async with self._lock:

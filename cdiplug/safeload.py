@@ -20,9 +20,15 @@ and the daemon's start-up time is measured.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
+
+if TYPE_CHECKING:
+    from yaml import SafeLoader as _LoaderBase
+    from yaml.nodes import Node, ScalarNode
+else:
+    _LoaderBase = object  # the bounds go in front of a loader's classes (_loader_class)
 
 MAX_DEPTH = 64
 MAX_ALIAS_NODES = 10_000
@@ -40,7 +46,10 @@ def load_yaml(text: str, source: str, what: str = "YAML") -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputError(f"not valid {what}{where}: {_short(exc.problem or exc.context or exc)}", "$", source) from None
+        problem = exc.problem or exc.context or str(exc)
+        if "maximum nesting depth" in problem:  # libyaml's own bound (1,000), met while it scans ahead
+            problem = f"nested more than {MAX_DEPTH} levels deep"
+        raise InputError(f"not valid {what}{where}: {_short(problem)}", "$", source) from None
     except yaml.YAMLError as exc:
         raise InputError(f"not valid {what}: {_short(exc)}", "$", source) from None
     except RecursionError:  # only if MAX_DEPTH is set above what the stack takes
@@ -98,76 +107,76 @@ def _depth(data: Any) -> int:
     return deepest
 
 
+class _Bounds(_LoaderBase):
+    """The bounds on depth and integer size, and the alias check, over a safe loader's classes."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        from yaml.composer import ComposerError
+
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                start = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep", start)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: Node) -> Any:
+        _check_aliases(node)
+        return super().construct_document(node)
+
+    def construct_yaml_int(self, node: ScalarNode) -> int:
+        from yaml.constructor import ConstructorError
+
+        if len(str(node.value)) > MAX_INT_DIGITS:
+            message = f"integer of {len(node.value):,} characters (at most {MAX_INT_DIGITS})"
+            raise ConstructorError(None, None, message, node.start_mark)
+        return super().construct_yaml_int(node)
+
+
 @functools.cache
 def _loader_class() -> type:
     import yaml
-    from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-    class BoundedLoader(yaml.SafeLoader):
-        """``yaml.SafeLoader`` with bounds on depth, alias expansion and integer size."""
+    loader: type[_Bounds]
+    if getattr(yaml, "__with_libyaml__", False):
+        from yaml._yaml import CParser
+        from yaml.composer import Composer
+        from yaml.constructor import SafeConstructor
+        from yaml.resolver import Resolver
 
-        def __init__(self, stream: str) -> None:
-            super().__init__(stream)
-            self._depth = 0
+        class CEventsLoader(_Bounds, Composer, CParser, SafeConstructor, Resolver):
+            """libyaml's C scanner and parser make the events (several times faster than PyYAML's
+            own); the nodes are still composed in Python (Composer before CParser), so the depth
+            bound holds before any recursion: libyaml's own composer has none."""
 
-        def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-            self._depth += 1
-            try:
-                if self._depth > MAX_DEPTH:
-                    raise yaml.composer.ComposerError(
-                        None,
-                        None,
-                        f"nested more than {MAX_DEPTH} levels deep",
-                        self.peek_event().start_mark,  # type: ignore[no-untyped-call]
-                    )
-                return super().compose_node(parent, index)
-            finally:
-                self._depth -= 1
+            def __init__(self, stream: str) -> None:
+                CParser.__init__(self, stream)
+                Composer.__init__(self)
+                SafeConstructor.__init__(self)
+                Resolver.__init__(self)
+                self._depth = 0
 
-        def construct_document(self, node: Node) -> Any:
-            _check_aliases(node)
-            return super().construct_document(node)
+        loader = CEventsLoader
+    else:
 
-        def construct_yaml_int(self, node: ScalarNode) -> int:
-            if len(str(node.value)) > MAX_INT_DIGITS:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"integer of {len(node.value):,} characters (at most {MAX_INT_DIGITS})", node.start_mark
-                )
-            return super().construct_yaml_int(node)
+        class BoundedLoader(_Bounds, yaml.SafeLoader):
+            pass
 
-    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+        loader = BoundedLoader
+    loader.add_constructor("tag:yaml.org,2002:int", loader.construct_yaml_int)
+    return loader
 
-    def _check_aliases(root: Node) -> None:
-        """Refuse a document whose aliases repeat more than MAX_ALIAS_NODES nodes, or itself."""
-        size: dict[int, int] = {}  # node id -> nodes it expands to
-        unique = 0
-        active: set[int] = set()
-        stack: list[tuple[Node, bool]] = [(root, False)]
-        while stack:
-            node, done = stack.pop()
-            key = id(node)
-            children = _children(node)
-            if done:
-                active.discard(key)
-                size[key] = 1 + sum(size[id(c)] for c in children)
-                continue
-            if key in size:
-                continue
-            if key in active:
-                raise yaml.composer.ComposerError(None, None, "an alias refers to a node that contains it", node.start_mark)
-            active.add(key)
-            unique += 1
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in size)
-            # An expansion far beyond the budget is refused as soon as one node shows it.
-        total = size[id(root)]
-        if total - unique > MAX_ALIAS_NODES:
-            raise yaml.composer.ComposerError(
-                None,
-                None,
-                f"aliases would expand to {total - unique:,} more nodes (at most {MAX_ALIAS_NODES:,})",
-                root.start_mark,
-            )
+
+def _check_aliases(root: Node) -> None:
+    """Refuse a document whose aliases repeat more than MAX_ALIAS_NODES nodes, or itself."""
+    from yaml.composer import ComposerError
+    from yaml.nodes import MappingNode, SequenceNode
 
     def _children(node: Node) -> list[Node]:
         if isinstance(node, SequenceNode):
@@ -176,4 +185,32 @@ def _loader_class() -> type:
             return [n for pair in node.value for n in pair]
         return []
 
-    return BoundedLoader
+    size: dict[int, int] = {}  # node id -> nodes it expands to
+    unique = 0
+    active: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            active.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            continue
+        if key in size:
+            continue
+        if key in active:
+            raise ComposerError(None, None, "an alias refers to a node that contains it", node.start_mark)
+        active.add(key)
+        unique += 1
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+        # An expansion far beyond the budget is refused as soon as one node shows it.
+    total = size[id(root)]
+    if total - unique > MAX_ALIAS_NODES:
+        raise ComposerError(
+            None,
+            None,
+            f"aliases would expand to {total - unique:,} more nodes (at most {MAX_ALIAS_NODES:,})",
+            root.start_mark,
+        )

@@ -98,6 +98,10 @@ class DevicePluginFrontEnd:
             self._releaser.update(self._resources)
             self._releaser.start()
 
+    async def wait_registered(self) -> None:
+        """Return once every resource served now has been accepted by the kubelet at least once."""
+        await asyncio.gather(*(res.registered.wait() for res in list(self._resources.values())))
+
     async def stop(self) -> None:
         """Stop every task and server; our sockets are removed, CDI specs stay for running pods."""
         async with self._lock:
@@ -160,6 +164,7 @@ class DevicePluginFrontEnd:
         await register(self.world.kubelet_socket, registration, timeout=self.register_timeout)
         self.recorder.registered(res.name, again=res.registrations > 0)
         res.registrations += 1
+        res.registered.set()
 
     async def _reregister(self, resources: Iterable[ServedResource], reserve: bool = False) -> None:
         """Register again: pending tries are dropped, old streams end first (re-serving if asked)."""

@@ -45,6 +45,7 @@ class ServedResource:
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
         self.registrations = 0
+        self.registered = asyncio.Event()  # set by the first accepted Register
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
     @property

@@ -2,7 +2,7 @@
 
 Speed and memory goals are judged by reading the printed figures, never here; this only keeps
 the scripts from rotting as the code under them changes. Each runs as a subprocess with small
-knobs, against the real daemon and the floor plugin (bench_daemon, bench_scale) and a built sysfs
+knobs, against the real daemon and the floor plugin (bench_daemon, bench_scale, bench_breakdown) and a built sysfs
 tree (bench_pci_scan). Figures must be present and well-formed (a number, the floor's number and
 their ratio where the floor is measured, a goal and whether it is met); their values are not judged.
 """
@@ -142,6 +142,23 @@ def test_bench_scale_reports_every_size() -> None:
         assert figures["preferred_must_include_p50_ms"]["goal"] == "<= 10.0 ms"
         assert figures["exit_status"]["cdiplug"] == 0
     check_missed(result["sizes"], result["missed"])
+
+
+def test_bench_breakdown_splits_the_start_gap_into_its_parts() -> None:
+    result = run_bench("bench_breakdown.py", "--starts", "1", "--runs", "1")
+    figures = result["figures"]
+    check_figure("start_registered_s", figures["start_registered_s"], floor=True)
+    assert figures["start_registered_s"]["goal"] == "<= 1.3x floor"
+    for name, fig in figures.items():
+        if name != "start_registered_s":
+            check_figure(name, fig, floor=False)
+    assert figures["imports_required_libraries_ms"]["libraries"] == ["attrs", "cattrs", "yaml"]
+    parts = ("imports_required_libraries_ms", "imports_cdiplug_own_ms", "start_work_ms")
+    assert math.isclose(sum(figures[p]["cdiplug"] for p in parts), figures["start_gap_ms"]["cdiplug"], abs_tol=0.2)
+    start = figures["start_registered_s"]
+    bound = 1 + figures["imports_required_libraries_ms"]["cdiplug"] / 1000 / start["floor"]
+    assert math.isclose(figures["start_ratio_with_libraries_alone"]["cdiplug"], bound, abs_tol=0.01)
+    check_missed(figures, result["missed"])
 
 
 def test_floor_plugin_imports_nothing_of_cdiplug_but_the_stubs() -> None:

@@ -117,3 +117,48 @@ def test_json_bounds() -> None:
     ):
         with pytest.raises(InputError, match=expected):
             load_json(text, "f.json")
+
+
+def test_yaml_reads_as_pyyaml_does_with_libyamls_parser() -> None:
+    # PyYAML's wheels carry libyaml: its C parser makes the events (the configuration is read
+    # before the kubelet hears from us), while the nodes are composed in Python under our bounds.
+    import yaml
+    from yaml.cyaml import CParser
+
+    from cdiplug.safeload import _loader_class
+
+    assert yaml.__with_libyaml__ and issubclass(_loader_class(), CParser)
+    repo = Path(__file__).resolve().parents[2]
+    documents = [p.read_text() for p in sorted(repo.glob("deploy/**/*.yaml")) if "---" not in p.read_text()]
+    documents += [
+        "resources:\n  - name: example.com/fpga\n    backend: fake\n    options: {count: 2, numa_nodes: [0, 1]}\n",
+        "a: &x {k: [1, 2.5, true, null, '08', 0x1f, 1e3, ~, 2001-12-14]}\nb: *x\nc: |\n  text\n  lines\nd: >-\n  folded\n",
+        "fpga-0: Unhealthy\nfpga-1: Healthy\n'quoted: key': \"é\\u00e9\\t\"\n",
+        "",
+        "- [a, {b: c}]\n- ? complex\n  : key\n",
+    ]
+    assert len(documents) > 8
+    for text in documents:
+        assert load_yaml(text, "doc") == yaml.load(text, Loader=yaml.SafeLoader), text[:80]
+
+
+@pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
+def test_the_bounds_hold_with_either_parser(monkeypatch: pytest.MonkeyPatch, libyaml: bool) -> None:
+    import yaml
+
+    from cdiplug.safeload import _loader_class
+
+    monkeypatch.setattr(yaml, "__with_libyaml__", libyaml)
+    _loader_class.cache_clear()
+    try:
+        assert load_yaml("a: &x [1, 2]\nb: *x\n", "doc") == {"a": [1, 2], "b": [1, 2]}
+        for text, expected in [
+            ("[" * 100 + "]" * 100, "nested more than 64"),
+            ("n: " + "9" * 100, "integer of 100 characters"),
+            (laughs(), "aliases would expand to"),
+            ("a: [1\n", "not valid YAML at line 2"),
+        ]:
+            with pytest.raises(InputError, match=expected):
+                load_yaml(text, "doc")
+    finally:
+        _loader_class.cache_clear()
