@@ -2,14 +2,17 @@
 
 Covers: :func:`pause` turns a running collector off and :func:`settle` turns it on again, after
 collecting start-up's cyclic garbage and freezing what survived; a collector the embedding program
-turned off stays off; :func:`one_malloc_arena` and the trim run on this machine's glibc. The
-daemon's use of them (settling only once the kubelet knows every resource) is in
+turned off stays off; only ``cdiplug serve`` pauses it, first thing; :func:`one_malloc_arena` and
+the trim run on this machine's glibc. The daemon's use of them (settling only once the kubelet knows every resource) is in
 ``tests/integration/test_lifecycle.py``.
 """
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import textwrap
 import weakref
 from collections.abc import Iterator
 
@@ -66,3 +69,23 @@ def test_malloc_calls_work_on_this_glibc() -> None:
     assert heap._libc() is not None  # CI runs on glibc (Debian/Ubuntu): the calls must be found
     heap.one_malloc_arena()
     heap.settle()
+
+
+@pytest.mark.parametrize(("command", "paused"), [("serve", True), ("discover", False)])
+def test_only_cdiplug_serve_pauses_the_collector_first_thing(command: str, paused: bool) -> None:
+    # cdiplug.__main__ (the console script and `python -m cdiplug`) pauses it before the command
+    # line is even parsed; the other commands run as Python has it.
+    code = textwrap.dedent(
+        f"""
+        import gc, sys
+        from unittest import mock
+        import cdiplug.__main__ as entry
+        sys.argv = ["cdiplug", {command!r}]
+        seen = []
+        with mock.patch("cdiplug.cli.main", lambda: seen.append(gc.isenabled()) or 0):
+            entry.main()
+        print(seen)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"[{not paused}]"
