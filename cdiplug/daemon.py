@@ -72,7 +72,7 @@ class Daemon:
         self.node: Node | None = None
         self.supervisor = Supervisor()
         self.started = asyncio.Event()  # set once every server is serving (registration may wait)
-        self.settled = asyncio.Event()  # start-up's heap settled (cdiplug.heap), after every registration
+        self.settled = asyncio.Event()  # start-up's heap settled (cdiplug.heap), after the first lists
         self._stop = stop if stop is not None else asyncio.Event()
         self._reload = asyncio.Event()
         self._reloads_done = 0
@@ -136,12 +136,14 @@ class Daemon:
         return 0
 
     async def _settle_heap(self, node: Node) -> None:
-        """Once the kubelet knows every resource (or after SETTLE_TIMEOUT): :func:`heap.settle`.
+        """Once start-up is over (or after SETTLE_TIMEOUT): :func:`heap.settle`.
 
-        Not sooner: its full collection takes a few milliseconds the registrations should not wait for.
+        Over means every resource registered and its first device list out: the full collection
+        blocks the event loop for tens of milliseconds, which neither the registrations nor the
+        first lists should wait for.
         """
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(node.wait_registered(), SETTLE_TIMEOUT)
+            await asyncio.wait_for(node.wait_started(), SETTLE_TIMEOUT)
         found = heap.settle()
         log.debug("start-up settled: %d objects collected, the rest frozen", found)
         self.settled.set()

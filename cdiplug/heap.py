@@ -4,7 +4,7 @@ Start-up (imports, classes, the configuration, the first snapshots) makes object
 long as the daemon, and a little cyclic garbage (attrs replaces each class it makes slotted). The
 collector's passes over that growing heap cost ``cdiplug serve`` more than 10 ms before the
 kubelet hears from it, and find almost nothing. So :func:`pause` turns the collector off first
-thing, and :func:`settle`, once every resource is registered, does one full pass, moves the
+thing, and :func:`settle`, once every resource is registered and listed, does one full pass, moves the
 survivors out of the collector's sight for good (``gc.freeze``), turns it back on and gives
 malloc's free pages back to the system. :func:`one_malloc_arena` keeps grpc's threads and
 ``asyncio.to_thread``'s workers from holding pages in arenas of their own.

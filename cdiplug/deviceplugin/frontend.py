@@ -98,9 +98,10 @@ class DevicePluginFrontEnd:
             self._releaser.update(self._resources)
             self._releaser.start()
 
-    async def wait_registered(self) -> None:
-        """Return once every resource served now has been accepted by the kubelet at least once."""
-        await asyncio.gather(*(res.registered.wait() for res in list(self._resources.values())))
+    async def wait_started(self) -> None:
+        """Return once every resource served now has been registered and has published its first device list."""
+        resources = list(self._resources.values())
+        await asyncio.gather(*(res.registered.wait() for res in resources), *(res.listed.wait() for res in resources))
 
     async def stop(self) -> None:
         """Stop every task and server; our sockets are removed, CDI specs stay for running pods."""

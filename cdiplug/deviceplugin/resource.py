@@ -46,6 +46,7 @@ class ServedResource:
         self.wake = asyncio.Event()
         self.registrations = 0
         self.registered = asyncio.Event()  # set by the first accepted Register
+        self.listed = asyncio.Event()  # set by the first device list published
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
     @property
@@ -126,6 +127,7 @@ class ServedResource:
     def _publish(self) -> None:
         advertised = self.allocator.advertised
         self.server.publish(advertised)
+        self.listed.set()
         healthy = advertised.healthy_count()
         self.recorder.devices(self.name, healthy, len(advertised.devices) - healthy)
         self.log.debug("%d devices advertised, %d healthy", len(advertised.devices), healthy)

@@ -7,7 +7,7 @@ real SIGHUP, SIGTERM and SIGINT. Covers: several resources from one process; a k
 with its folder wiped; a kubelet absent at start that appears later; a stale socket replaced and a
 live one refused (exit status 1); a bad configuration (exit status 2); SIGHUP reloading a good and
 refusing a bad configuration; SIGTERM/SIGINT stopping cleanly with status 0 and our sockets removed;
-start-up's heap settled (one collection, the collector on again) only after every registration.
+start-up's heap settled (one collection, the collector on again) only after every registration and first list.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ async def test_several_resources_from_one_process(world: World, short_tmp: Path)
     assert sorted(p.name for p in world.kubelet_dir.iterdir()) == []  # stand-in and daemon gone
 
 
-async def test_the_heap_settles_once_the_kubelet_knows_every_resource(world: World, short_tmp: Path) -> None:
-    # cdiplug.heap: start-up's one full collection waits for the registrations, then the
-    # collector is on again (paused here as `cdiplug serve` pauses it) with start-up frozen.
+async def test_the_heap_settles_once_every_resource_is_registered_and_listed(world: World, short_tmp: Path) -> None:
+    # cdiplug.heap: start-up's one full collection waits for the registrations and the first
+    # lists, then the collector is on again (paused here as `cdiplug serve` pauses it) with
+    # start-up frozen.
     config = write_config(short_tmp / "config.yaml", {FPGA: 2, NIC: 4, ACC: 1})
     enabled = gc.isenabled()
     gc.enable()
@@ -96,6 +97,7 @@ async def test_the_heap_settles_once_the_kubelet_knows_every_resource(world: Wor
             for name in (FPGA, NIC, ACC):
                 registration = kubelet.registration(name)
                 assert registration is not None and registration.received_at < settled
+                assert registration.listed_at is not None and registration.listed_at < settled
             assert gc.isenabled() and gc.get_freeze_count() > 0
     finally:
         heap._paused = False
