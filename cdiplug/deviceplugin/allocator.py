@@ -19,6 +19,8 @@ expanded), and turns the kubelet's requests into :class:`ContainerAllocation` va
   (replica IDs mapped back, each device once, in request order).
 
 A repeated Allocate for prepared devices with an unchanged spec is dictionary lookups and one
+``lstat``; for one container request of healthy devices that needs no preparation (the kubelet
+asks per container), one lookup of the answer checked before against this snapshot and the
 ``lstat``. gRPC status codes are chosen by ``cdiplug.deviceplugin.server`` from the class of the
 error raised here.
 """
@@ -77,6 +79,9 @@ class Allocator:
         self._underlying: Mapping[str, Device] = {}
         self._answers_for: DeviceSnapshot | None = None
         self._answers: dict[tuple[str, ...], ContainerAllocation] = {}
+        # Of those, the answers for one container request of healthy devices: checked once against
+        # this snapshot, so asking again is one lookup (the kubelet asks per container).
+        self._checked: dict[tuple[str, ...], ContainerAllocation] = {}
         self._node_sets: tuple[DeviceSnapshot, Mapping[str, frozenset[int]]] | None = None  # per advertised snapshot
         parts = resource.allocate
         self._send_env = AllocatePart.ENVVAR in parts
@@ -111,6 +116,15 @@ class Allocator:
         return self._advertised
 
     @property
+    def _preparing(self) -> bool:
+        return self.preparations is not None and self.preparations.needed
+
+    @property
+    def _spec_to_ensure(self) -> SpecKeeper | None:
+        """The keeper to ask before answering: answers name CDI devices (or annotations), whose spec must be on disk."""
+        return self.spec if self._send_cdi or self._send_annotations else None
+
+    @property
     def pre_start_required(self) -> bool:
         return self.abilities.pre_starter is not None
 
@@ -121,17 +135,26 @@ class Allocator:
         started = time.perf_counter()
         ok = False
         try:
+            snapshot = self._snapshot
+            if len(requests) == 1 and snapshot is self._answers_for and not self._preparing:
+                answer = self._checked.get(tuple(requests[0]))
+                if answer is not None:
+                    if (keeper := self._spec_to_ensure) is not None:
+                        await keeper.ensure(snapshot)
+                    ok = True
+                    return [answer]
             if not requests:
                 raise InvalidRequest(f"{self.resource.name}: Allocate names no container requests")
-            snapshot = self._snapshot
             per_request = [self._devices_for(i, ids) for i, ids in enumerate(requests)]
             if len(requests) > 1:
                 self._check_disjoint(requests)
-            if self.preparations is not None and self.preparations.needed:
+            if self._preparing:
                 snapshot, per_request = await self._prepare(snapshot, per_request)
-            if self.spec is not None and (self._send_cdi or self._send_annotations):
-                await self.spec.ensure(snapshot)
+            if (keeper := self._spec_to_ensure) is not None:
+                await keeper.ensure(snapshot)
             answers = [self._cached_answer(snapshot, ids, devices) for ids, devices in zip(requests, per_request)]
+            if len(requests) == 1 and snapshot is self._snapshot and all(d.healthy for d in per_request[0]):
+                self._checked[tuple(requests[0])] = answers[0]
             ok = True
             return answers
         finally:
@@ -204,13 +227,14 @@ class Allocator:
     def _cached_answer(self, snapshot: DeviceSnapshot, ids: Sequence[str], devices: list[Device]) -> ContainerAllocation:
         """The answer for these IDs, made once per snapshot (an answer depends on nothing else)."""
         if snapshot is not self._answers_for:
-            self._answers_for, self._answers = snapshot, {}
+            self._answers_for, self._answers, self._checked = snapshot, {}, {}
         key = tuple(ids)
         answer = self._answers.get(key)
         if answer is None:
             answer = self._answer(snapshot, ids, devices)
             if len(self._answers) >= MAX_CACHED_ANSWERS:
                 self._answers.clear()
+                self._checked.clear()
             self._answers[key] = answer
         return answer
 

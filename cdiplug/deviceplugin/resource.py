@@ -2,11 +2,13 @@
 
 A :class:`ServedResource` takes snapshots from the host with :meth:`~ServedResource.offer`: the
 allocator hears at once, and the updater (:meth:`~ServedResource.run_updates`, one task per
-resource) coalesces a burst into the newest, skips an unchanged one, has the resource's
-:class:`~cdiplug.host.SpecKeeper` put the CDI spec on disk (a failure is logged; Allocate asks
-again and fails clearly) and publishes the advertised list to ListAndWatch.
-The order depends on what changed: new devices or edits are on disk before the kubelet can pick
-them; a health-only change reaches the kubelet first, as its spec stays the same.
+resource) coalesces a burst into the newest, skips an unchanged one, publishes the advertised
+list to ListAndWatch and then has the resource's :class:`~cdiplug.host.SpecKeeper` put the CDI
+spec on disk (a failure is logged; Allocate asks again and fails clearly). The kubelet hears
+first, whatever changed: an Allocate that names CDI devices waits for the keeper anyway (it asks
+"is the spec holding these devices on disk" before it answers), so nothing can use a device whose
+spec is not written, and at start-up the kubelet learns the devices without waiting for every
+resource's spec to be built.
 
 The boundary: this module moves snapshots along one resource's pipeline; when tasks run, register
 and stop is the front end's business (:mod:`cdiplug.deviceplugin.frontend`).
@@ -18,7 +20,6 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from ..cdi.writer import same_spec
 from ..errors import CdiError
 from ..host import SpecKeeper
 from ..model import Device, DeviceSnapshot
@@ -85,14 +86,8 @@ class ServedResource:
         self.allocator.update(snapshot)
         if previous is not None:
             self._log_health_changes(previous, snapshot)
-        if same_spec(previous, snapshot):
-            # Health or topology only: the spec stays as it is, so the kubelet hears first.
-            self._publish()
-            await self._write_spec(snapshot)
-        else:
-            # New devices or edits: their spec is on disk before the kubelet can pick them.
-            await self._write_spec(snapshot)
-            self._publish()
+        self._publish()
+        await self._write_spec(snapshot)  # health or topology only: the keeper finds the file current
 
     async def _write_spec(self, snapshot: DeviceSnapshot) -> None:
         try:

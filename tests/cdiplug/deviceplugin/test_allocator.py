@@ -151,6 +151,23 @@ async def test_unhealthy_device_is_allocated_with_a_warning(caplog):
     assert (record.resource, record.device) == (RESOURCE, "d0")
 
 
+async def test_a_repeated_request_is_checked_again_where_it_matters(caplog):
+    # The answer for a request of healthy devices, once checked, is one lookup the next time; an
+    # unhealthy device is warned about every time, and other requests are checked as ever.
+    a = allocator(allocate=frozenset({AllocatePart.ENVVAR}))
+    a.update(snapshot([device(0, health=Health.UNHEALTHY), device(1), device(2)]))
+    with caplog.at_level(logging.WARNING, logger="cdiplug.deviceplugin.allocator"):
+        for _ in range(3):
+            await a.allocate([["d1"]])
+            await a.allocate([["d0"]])
+    assert [r.device for r in caplog.records] == ["d0", "d0", "d0"]
+    for bad in (["d1", "d1"], ["d9"], []):
+        with pytest.raises(InvalidRequest):
+            await a.allocate([bad])
+    with pytest.raises(InvalidRequest):  # the same device in two containers of one pod
+        await a.allocate([["d1"], ["d1"]])
+
+
 # -- the answer --------------------------------------------------------------------------------
 
 

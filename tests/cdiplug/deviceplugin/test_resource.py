@@ -63,12 +63,12 @@ class RecordingMetrics:
 
 def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
     rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=replicas)
-    allocator = Allocator(rc, Abilities())
     holder: list[ResourceServer] = []
     writer = RecordingWriter(world, holder)
+    keeper = SpecKeeper(writer, rc.cdi_kind)
+    allocator = Allocator(rc, Abilities(), spec=keeper)
     holder.append(ResourceServer(rc.name, rc.socket_name, world.kubelet_dir, allocator))
     metrics = RecordingMetrics()
-    keeper = SpecKeeper(writer, rc.cdi_kind)
     return ServedResource(rc, allocator, holder[0], keeper, metrics), writer, metrics  # type: ignore[arg-type]
 
 
@@ -113,13 +113,19 @@ async def test_offer_reaches_the_allocator_at_once_and_a_burst_coalesces(world: 
         task.cancel()
 
 
-async def test_new_devices_are_written_before_publishing_health_after(world: World):
+async def test_the_kubelet_hears_first_and_an_allocate_waits_for_the_spec(world: World):
     res, writer, metrics = served(world)
     task = asyncio.create_task(res.run_updates(), name="update")
     try:
         res.offer(snapshot("a"))
         await until(lambda: res.server.advertised == snapshot("a"), "published")
-        assert writer.seen_at_write == [None]  # the spec was on disk before the kubelet heard
+        # An Allocate at once (the kubelet may send one as soon as it hears): its CDI device's
+        # spec is on disk before the answer, written by the updater or by the Allocate itself.
+        (answer,) = await res.allocator.allocate([["a"]])
+        spec = world.cdi_dir / "cdiplug-example.com-fpga.json"
+        assert answer.cdi_devices == ("example.com/fpga=a",) and '"name": "a"' in spec.read_text()
+        await taken(res)
+        assert writer.seen_at_write[0] == snapshot("a")  # the kubelet had heard when the write began
         res.offer(snapshot("a", unhealthy=("a",)))
         await until(lambda: res.server.advertised == snapshot("a", unhealthy=("a",)), "health published")
         await taken(res)
