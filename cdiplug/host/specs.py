@@ -59,6 +59,8 @@ class SpecKeeper:
         if self.writer.is_current(self.kind, snapshot):
             return False
         async with self._lock:
+            if self.writer.is_current(self.kind, snapshot):  # written while this one waited for the lock
+                return False
             return await asyncio.to_thread(self.writer.write, self.kind, snapshot)
 
     async def repair(self) -> bool:

@@ -130,7 +130,7 @@ async def test_the_kubelet_hears_first_and_an_allocate_waits_for_the_spec(world:
         await until(lambda: res.server.advertised == snapshot("a", unhealthy=("a",)), "health published")
         await taken(res)
         # Health is no part of the spec: the kubelet heard, and the file was not even looked at again.
-        assert len(writer.seen_at_write) == 1
+        assert len(writer.seen_at_write) == 1, [(s.devices[0].health if s else None) for s in writer.seen_at_write]
         assert metrics.calls[-1] == (RESOURCE, 0, 1)
     finally:
         task.cancel()
