@@ -6,13 +6,13 @@ script splits cdiplug's excess into parts, each measured here the same way, one 
 
 - the floor's start and cdiplug's start (``exec -> last Register``, median of ``--starts``, 8
   resources x 128 devices, as ``bench_daemon.py``);
-- imports alone, each set in a fresh ``python -c`` (exec -> imported, the collector off as
-  ``cdiplug serve`` has it, minimum of ``--runs``): what the
-  floor imports; that plus the libraries cdiplug's house rules require before it can register
-  (attrs for its value objects, cattrs for the one configuration converter, PyYAML for the YAML
-  configuration); and everything ``cdiplug serve`` with the fake backend has imported when it
-  registers. Their differences are the libraries' and cdiplug's own import costs; what is left of the
-  start gap is start-up work (reading the configuration, starting backends and servers, registering);
+- imports alone, each set in a fresh ``python -c`` (exec -> imported, the garbage collector off,
+  minimum of ``--runs``): what the floor imports; that plus the libraries cdiplug's house rules
+  require before it can register (attrs for its value objects, cattrs for the one configuration
+  converter, PyYAML for the YAML configuration); and everything ``cdiplug serve`` with the fake
+  backend has imported when it registers. Their differences are the libraries' and cdiplug's own
+  import costs; what is left of the start gap is start-up work (the collector's passes over all
+  that was loaded, reading the configuration, starting backends and servers, registering);
 - Python heap (``tracemalloc``, after a full collection) and RSS of the same import sets.
 
 The figure to read is ``start_ratio_with_libraries_alone``: the floor's start plus the required
@@ -44,9 +44,10 @@ LIBRARIES = ["attrs", "cattrs", "yaml"]
 CDIPLUG = ["cdiplug.cli.serve", "cdiplug.daemon", "cdiplug_backends.fake.backend"]
 SETS = {"python": [], "floor": FLOOR, "floor_and_libraries": FLOOR + LIBRARIES, "cdiplug": FLOOR + LIBRARIES + CDIPLUG}
 
-# The collector is off while the modules load, as `cdiplug serve` has it (cdiplug.heap), so the
-# figures are the imports' own cost; the time is taken in the child (CLOCK_MONOTONIC is the
-# machine's) once the imports are done, before Python's teardown.
+# The garbage collector is off while the modules load, so the figures are the imports' own cost
+# (its passes grow with everything loaded before, and would be charged to whatever came last);
+# the time is taken in the child (CLOCK_MONOTONIC is the machine's) once the imports are done,
+# before Python's teardown.
 _MEASURE = """
 import gc, os, sys, time, tracemalloc
 gc.disable()

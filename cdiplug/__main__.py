@@ -9,9 +9,8 @@ import sys
 
 def main() -> int:
     if next((w for w in sys.argv[1:] if not w.startswith("-")), None) == "serve":
-        from . import heap, signals
+        from . import signals
 
-        heap.pause()  # until every resource is registered (cdiplug.heap)
         signals.install_early()
     from .cli import main as cli_main
 

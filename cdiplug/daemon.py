@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import heap, signals
+from . import signals
 from .backend import BackendPlugin
 from .brief import brief
 from .config import Config, check_against, load_config
@@ -39,9 +40,6 @@ if TYPE_CHECKING:
     from .metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-# How long start-up may leave the garbage collector paused (cdiplug.heap) waiting for the kubelet.
-SETTLE_TIMEOUT = 5.0
 
 
 class Daemon:
@@ -72,7 +70,6 @@ class Daemon:
         self.node: Node | None = None
         self.supervisor = Supervisor()
         self.started = asyncio.Event()  # set once every server is serving (registration may wait)
-        self.settled = asyncio.Event()  # start-up's heap settled (cdiplug.heap), after the first lists
         self._stop = stop if stop is not None else asyncio.Event()
         self._reload = asyncio.Event()
         self._reloads_done = 0
@@ -120,8 +117,11 @@ class Daemon:
                 node = self.node = Node(config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder)
                 try:
                     await node.start()
+                    # What start-up made (modules, classes, configuration) lives as long as the
+                    # daemon: keep it out of the garbage collector's full passes, which would
+                    # otherwise walk all of it again and again while Allocates wait.
+                    gc.freeze()
                     self.started.set()
-                    self.supervisor.spawn("settle-heap", self._settle_heap(node))
                     self.supervisor.spawn("reloader", self._reloader())
                     await self._wait_for_stop()
                 finally:
@@ -134,19 +134,6 @@ class Daemon:
                 signals.reinstall()
         log.info("stopped cleanly")
         return 0
-
-    async def _settle_heap(self, node: Node) -> None:
-        """Once start-up is over (or after SETTLE_TIMEOUT): :func:`heap.settle`.
-
-        Over means every resource registered and its first device list out: the full collection
-        blocks the event loop for tens of milliseconds, which neither the registrations nor the
-        first lists should wait for.
-        """
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(node.wait_started(), SETTLE_TIMEOUT)
-        found = heap.settle()
-        log.debug("start-up settled: %d objects collected, the rest frozen", found)
-        self.settled.set()
 
     def _on_stop_signal(self, sig: int) -> None:
         log.info("%s received; stopping", signal.Signals(sig).name)

@@ -112,13 +112,6 @@ class Node:
                 await self._dra().start(served_by(config, Api.DRA))
             self.host.start()
 
-    async def wait_started(self) -> None:
-        """Return once every resource of the configuration is registered with the kubelet, and
-        every device-plugin resource has published its first device list."""
-        await self.device_plugin.wait_started()
-        if self.dra is not None:
-            await self.dra.wait_started()
-
     async def reload(self, config: Config) -> None:
         """Apply a new configuration; raises (changing nothing) when a new backend cannot be created."""
         async with self._lock:

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import sys
 
-from .. import heap
 from ..errors import BackendInitError, CdiplugError, ConfigError
 from ..logs import FORMATS, setup_logging
 from . import (
@@ -28,6 +27,24 @@ from . import (
 log = logging.getLogger(__name__)
 
 EXIT_FAILED = 1
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def _one_malloc_arena() -> None:
+    """One malloc arena for the whole process (glibc; elsewhere nothing happens).
+
+    glibc gives threads arenas of their own: grpc's and ``asyncio.to_thread``'s workers (which
+    build CDI specs) would each keep pages of their own arena resident, megabytes in all, for a
+    daemon that runs Python in one thread at a time anyway. Called before the daemon starts
+    any thread.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return
+    mallopt(M_ARENA_MAX, 1)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cdiplug serve: --log-format must be one of {', '.join(FORMATS)}, got {args.log_format!r}", file=sys.stderr)
         return 2
     setup_logging(args.log_format)
-    heap.one_malloc_arena()
+    _one_malloc_arena()
     world = world_from_args(args)
     try:
         return asyncio.run(serve(args.config, world, args.metrics_address))

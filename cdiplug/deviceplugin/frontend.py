@@ -98,11 +98,6 @@ class DevicePluginFrontEnd:
             self._releaser.update(self._resources)
             self._releaser.start()
 
-    async def wait_started(self) -> None:
-        """Return once every resource served now has been registered and has published its first device list."""
-        resources = list(self._resources.values())
-        await asyncio.gather(*(res.registered.wait() for res in resources), *(res.listed.wait() for res in resources))
-
     async def stop(self) -> None:
         """Stop every task and server; our sockets are removed, CDI specs stay for running pods."""
         async with self._lock:
@@ -165,7 +160,6 @@ class DevicePluginFrontEnd:
         await register(self.world.kubelet_socket, registration, timeout=self.register_timeout)
         self.recorder.registered(res.name, again=res.registrations > 0)
         res.registrations += 1
-        res.registered.set()
 
     async def _reregister(self, resources: Iterable[ServedResource], reserve: bool = False) -> None:
         """Register again: pending tries are dropped, old streams end first (re-serving if asked)."""

@@ -46,8 +46,6 @@ class ServedResource:
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
         self.registrations = 0
-        self.registered = asyncio.Event()  # set by the first accepted Register
-        self.listed = asyncio.Event()  # set by the first device list published
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
     @property
@@ -122,7 +120,6 @@ class ServedResource:
     def _publish(self) -> None:
         advertised = self.allocator.advertised
         self.server.publish(advertised)
-        self.listed.set()
         healthy = advertised.healthy_count()
         self.recorder.devices(self.name, healthy, len(advertised.devices) - healthy)
         self.log.debug("%d devices advertised, %d healthy", len(advertised.devices), healthy)

@@ -15,7 +15,6 @@ The boundary: the life of one driver; preparing claims is :mod:`.prepare`'s.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -58,7 +57,6 @@ class DraDriver:
         self.recorder = recorder
         self.health = HealthFeed(world.node_name)
         self.registrations = 0
-        self.registered = asyncio.Event()  # set by the kubelet's first "registered" status
         self.latest: DeviceSnapshot | None = None
         self.dra_socket = world.plugins_dir / self.driver / "dra.sock"
         self.registration_socket = world.plugins_registry_dir / f"{self.driver}-reg.sock"
@@ -92,7 +90,6 @@ class DraDriver:
         if registered:
             self.recorder.registered(self.name, again=self.registrations > 0)
             self.registrations += 1
-            self.registered.set()
         else:
             self.recorder.set_ready(self.name, False)
 

@@ -160,10 +160,6 @@ class DraFrontEnd:
                 self.host.attach(rc.name, drv)
                 log.info("serving %s as DRA driver %s (added to the configuration)", rc.name, rc.dra_driver)
 
-    async def wait_started(self) -> None:
-        """Return once every driver served now has been registered by the kubelet at least once."""
-        await asyncio.gather(*(drv.registered.wait() for drv in list(self._drivers.values())))
-
     async def stop(self) -> None:
         async with self._lock:
             if self._stopped:

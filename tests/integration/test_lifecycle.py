@@ -6,15 +6,13 @@ except for the signal tests, which run ``python -m cdiplug serve`` as a real sub
 real SIGHUP, SIGTERM and SIGINT. Covers: several resources from one process; a kubelet restart
 with its folder wiped; a kubelet absent at start that appears later; a stale socket replaced and a
 live one refused (exit status 1); a bad configuration (exit status 2); SIGHUP reloading a good and
-refusing a bad configuration; SIGTERM/SIGINT stopping cleanly with status 0 and our sockets removed;
-start-up's heap settled (one collection, the collector on again) only after every registration and first list.
+refusing a bad configuration; SIGTERM/SIGINT stopping cleanly with status 0 and our sockets removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import re
@@ -30,8 +28,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdiplug import daemon as daemon_module
-from cdiplug import heap
 from cdiplug.daemon import Daemon
 from cdiplug.errors import SocketInUse
 from cdiplug.testing import KubeletStandIn
@@ -80,40 +76,6 @@ async def test_several_resources_from_one_process(world: World, short_tmp: Path)
             assert oct(sock(world, name).stat().st_mode & 0o777) == oct(0o600)
         assert (kubelet.capacity(FPGA), kubelet.capacity(NIC), kubelet.capacity(ACC)) == (2, 4, 1)
     assert sorted(p.name for p in world.kubelet_dir.iterdir()) == []  # stand-in and daemon gone
-
-
-async def test_the_heap_settles_once_every_resource_is_registered_and_listed(
-    world: World, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # cdiplug.heap: start-up's one full collection waits for the registrations and the first
-    # lists, then the collector is on again (paused here as `cdiplug serve` pauses it) with
-    # start-up frozen.
-    monkeypatch.setattr(daemon_module, "SETTLE_TIMEOUT", 60.0)  # settled within 10 s: by start-up's end, not the timeout
-    config = write_config(short_tmp / "config.yaml", {FPGA: 2, NIC: 4, ACC: 1})
-    enabled = gc.isenabled()
-    gc.enable()
-    heap.pause()
-    try:
-        async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon(config, world) as d:
-            await asyncio.wait_for(d.settled.wait(), 10)
-            settled = time.monotonic()
-            for name in (FPGA, NIC, ACC):
-                registration = kubelet.registration(name)
-                assert registration is not None and registration.received_at < settled
-            # The lists were out before: the stand-in, on this same event loop, reads them at once.
-            await kubelet.wait_until(lambda: all(kubelet.is_registered(n) for n in (FPGA, NIC, ACC)), 1.0, "listed")
-            assert gc.isenabled() and gc.get_freeze_count() > 0
-    finally:
-        heap._paused = False
-        (gc.enable if enabled else gc.disable)()
-
-
-async def test_the_heap_settles_without_a_kubelet_too(world: World, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(daemon_module, "SETTLE_TIMEOUT", 0.2)
-    config = write_config(short_tmp / "config.yaml", {FPGA: 1})
-    async with daemon(config, world) as d:
-        await asyncio.wait_for(d.settled.wait(), 10)  # no kubelet: after the timeout
-        assert sock(world, FPGA).is_socket()  # still serving, waiting for the kubelet
 
 
 async def test_kubelet_restart_with_the_folder_wiped(world: World, short_tmp: Path) -> None:
