@@ -204,8 +204,10 @@ def test_slice_publishes_the_devices_with_typed_attributes(dra: Any) -> None:
         "fpga-1": {"id": {"string": "fpga-1"}, "model": {"string": "fake fpga"}, "speed": {"int": 9}},
     }
     assert s["metadata"]["ownerReferences"][0]["kind"] == "Node"
-    # One process, both APIs: the dongle is a device plugin beside the DRA driver.
-    assert dra.get(f"node/{dra.node}")["status"]["allocatable"].get(DONGLE) == "1"
+    # One process, both APIs: the dongle is a device plugin beside the DRA driver. The kubelet
+    # puts its device count into the node's status on its own schedule (after a restart of the
+    # pod it shows 0 until then): waited for, not read once.
+    dra.wait_node("allocatable", DONGLE, "1", timeout=30)
     # No device plugin serves the FPGAs (the kubelet keeps a gone plugin's resource at 0).
     assert dra.get(f"node/{dra.node}")["status"]["allocatable"].get("example.com/fpga", "0") == "0"
 
