@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import subprocess
@@ -136,13 +135,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=9, help="runs of each import set (the minimum is the figure)")
     parser.add_argument("--table", action="store_true", help="also print a human table on stderr")
     args = parser.parse_args()
-    began = time.monotonic()
+    started = time.monotonic()
     result = report(asyncio.run(starts(args.starts)), imports(args.runs))
-    result["bench_s"] = round(time.monotonic() - began, 1)
-    print(json.dumps(result, indent=2))
-    if args.table:
-        print("\n".join([h.table_header(), *h.table(result["figures"])]), file=sys.stderr)
-    return 0
+    return h.emit(result, result["figures"], show_table=args.table, started=started)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import sys
@@ -205,11 +204,7 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     result = asyncio.run(bench(args))
-    result["bench_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(result, indent=2))
-    if args.table:
-        print("\n".join([h.table_header(), *h.table(result["figures"])]), file=sys.stderr)
-    return 0
+    return h.emit(result, result["figures"], show_table=args.table, started=started)
 
 
 if __name__ == "__main__":

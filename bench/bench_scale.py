@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import statistics
 import sys
@@ -174,11 +173,7 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     result = asyncio.run(bench(args))
-    result["bench_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(result, indent=2))
-    if args.table:
-        print("\n".join([h.table_header(), *h.table(result["sizes"])]), file=sys.stderr)
-    return 0
+    return h.emit(result, result["sizes"], show_table=args.table, started=started)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -411,6 +412,16 @@ def table(figures: dict[str, Any], prefix: str = "") -> list[str]:
         elif isinstance(value, dict):
             rows += table(value, f"{prefix}{name}.")
     return rows
+
+
+def emit(result: dict[str, Any], figures: dict[str, Any], *, show_table: bool, started: float) -> int:
+    """Print ``result`` as one JSON object on stdout, with ``bench_s`` since ``started``; with
+    ``show_table``, ``figures`` as the human table on stderr. The exit status of a bench: 0."""
+    result["bench_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result, indent=2))
+    if show_table:
+        print("\n".join([table_header(), *table(figures)]), file=sys.stderr)
+    return 0
 
 
 def table_header() -> str:

@@ -110,9 +110,7 @@ def _depth(data: Any) -> int:
 class _Bounds(_LoaderBase):
     """The bounds on depth and integer size, and the alias check, over a safe loader's classes."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
+    _depth = 0  # how deep compose_node is now (an instance's own once it first goes deeper)
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         from yaml.composer import ComposerError
@@ -160,7 +158,6 @@ def _loader_class() -> type:
                 Composer.__init__(self)
                 SafeConstructor.__init__(self)
                 Resolver.__init__(self)
-                self._depth = 0
 
         loader = CEventsLoader
     else:
