@@ -33,14 +33,15 @@ from typing import Any
 import attrs
 
 from cdiplug.config import parse_config
-from cdiplug.dra.kubeclient import LightkubeClient, load_config
 from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.dra.slices import UnhealthyPolicy, pool_devices, slice_body, split
-from cdiplug.model import Device, DeviceSnapshot, Health
+from cdiplug.kube.client import LightkubeClient
+from cdiplug.kube.credentials import load_kubeconfig
+from cdiplug.models.devices import Device, DeviceSnapshot, Health
+from cdiplug.models.world import World
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
 from cdiplug.testing.daemon import running_daemon
 from cdiplug.testing.dra_kubelet import ClaimRef
-from cdiplug.world import World
 
 NODE = "bench-node"
 DRIVER = "fpga.example.com"
@@ -121,7 +122,7 @@ async def slice_figures(folder: Path, devices: int) -> dict[str, float]:
     build_ms = (time.perf_counter() - started) * 1000
     async with ApiServerStandIn() as api:
         api.put_node(NODE)
-        client = LightkubeClient(load_config(api.kubeconfig(folder / "kubeconfig-slices")))
+        client = LightkubeClient(load_kubeconfig(api.kubeconfig(folder / "kubeconfig-slices")))
         publisher = SlicePublisher(client, DRIVER, NODE)
         task = asyncio.create_task(publisher.run(), name="bench publisher")
         try:

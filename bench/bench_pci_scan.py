@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the PCI backend's sysfs scan: prints one JSON object of figures.
 
-Builds a fake sysfs tree (``cdiplug.testing.SysfsTree``) of 4096 PCI functions in a temporary
+Builds a fake sysfs tree (``cdiplug_backends.pci.testing.SysfsTree``) of 4096 PCI functions in a temporary
 folder: 64 SR-IOV PFs (i40e, one netdev each, NUMA 0/1 alternating) with 63 VFs each (iavf, one
 netdev each), every function in its own IOMMU group. Then it measures:
 
@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 from cdiplug.config import parse_config
-from cdiplug.testing.sysfs import SysfsTree
 from cdiplug_backends.pci import plugin
 from cdiplug_backends.pci.discovery import select_all, to_snapshot
 from cdiplug_backends.pci.journal import Journal
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import SysfsTree
 
 GOAL_S = 0.5
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -268,6 +269,25 @@ async def allocate_callers(
     started = time.perf_counter()
     await asyncio.gather(*(caller(i) for i in range(len(names))))
     return sum(counts), time.perf_counter() - started
+
+
+async def allocate_random_sets(
+    kubelet: KubeletStandIn, names: Sequence[str], devices: int, *, callers: int, total: int, seed: int, most: int = 8
+) -> int:
+    """``callers`` concurrent callers, each Allocating a random set of 1 to ``most`` devices of a
+    random resource, ``total`` calls in all (reproducible from ``seed``); the calls made."""
+    rng = random.Random(seed)
+    ids = {name: device_ids(name, devices) for name in names}
+    budget = [total]
+
+    async def caller() -> None:
+        while budget[0] > 0:
+            budget[0] -= 1
+            name = rng.choice(names)
+            await kubelet.allocate(name, rng.sample(ids[name], rng.randint(1, min(most, devices))))
+
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    return total
 
 
 async def preferred_latency(

@@ -1,7 +1,7 @@
 """``python -m cdiplug`` and the ``cdiplug`` console script: :func:`main`.
 
 For ``serve``, the early signal handlers go in before anything else is imported
-(``cdiplug.signals``): a SIGHUP in the first milliseconds must not end the daemon.
+(``cdiplug.toolkit.signals``): a SIGHUP in the first milliseconds must not end the daemon.
 """
 
 import sys
@@ -9,10 +9,10 @@ import sys
 
 def main() -> int:
     if next((w for w in sys.argv[1:] if not w.startswith("-")), None) == "serve":
-        from . import signals
+        from cdiplug.toolkit import signals
 
         signals.install_early()
-    from .cli import main as cli_main
+    from cdiplug.cli import main as cli_main
 
     return cli_main()
 

@@ -1,12 +1,20 @@
-"""Configuration: the YAML file of DESIGN.md, structured by one cattrs converter.
+"""Configuration: the YAML file of ``docs/architecture.md``, structured by one cattrs converter.
 
 Unknown keys are errors, scalars are not coerced (``count: "2"`` is an error, not 2), and every
 error names the field path and the file: ``expected int @ $.resources[1].options.count (in
 /etc/cdiplug/config.yaml)``. Values that pass these checks but would break later are refused
-here too: CDI spec file names over 255 bytes, more advertised devices (``count × replicas``) than
-fit in one ListAndWatch message the kubelet accepts (4 MiB), and, in :func:`check_against`, which
-needs the node's folders, socket paths longer than a unix socket address takes (107 bytes). Each backend's ``options`` are structured into the attrs class its
-plugin declares, with the same converter, so backends get the same strictness and messages.
+here too: CDI spec file names over 255 bytes here; what only one front end cares about (the
+device plugin's ListAndWatch size, the DRA driver name) by that front end's ``check``, and, in
+:func:`check_against`, which needs the node's folders, by its ``check_node`` (socket paths).
+``api`` names any registered front end (:mod:`cdiplug.frontend`); a setting of another front end
+than the resource's (``replicas`` under ``api: dra``) is an error. Each backend's ``options`` are
+structured into the attrs class its plugin declares, with the same converter, so backends get the
+same strictness and messages.
+
+Top level: ``resources`` (one configuration for every node) and ``node_labels`` (device labels
+on the node, :mod:`cdiplug.kube.node_labels`; off unless true), or ``configurations``, a
+mapping of names to ``{resources, node_labels}`` (``node_labels`` at the top level is then their
+default): a node gets the one its label ``cdiplug.dev/config`` names, ``default`` without it.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ from __future__ import annotations
 import collections.abc
 import copy
 import enum
+import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NewType, TypeVar
 
 import attrs
 import cattrs
@@ -25,14 +34,17 @@ import cattrs.cols
 import cattrs.gen
 from attrs import field, frozen
 
-from .backend import BackendPlugin, load_plugins
-from .errors import BackendError, BackendNotFound, ConfigError, InputError
-from .files import CONFIG_LIMIT, read_text
-from .model import DEFAULT_ALLOCATE, AllocatePart
-from .names import extended_resource_problem, is_dns_subdomain, kind_problem, spec_file_name
-from .resource import Api, ResourceConfig, default_dra_driver
-from .safeload import load_yaml
-from .world import World
+from cdiplug.backend import BackendPlugin, CheckedOptions, load_plugins
+from cdiplug.errors import BackendError, BackendNotFound, ConfigError, InputError
+from cdiplug.frontend import MAX_FILE_NAME, SETTINGS, Problem, front_end_type, owners, registered
+from cdiplug.models.devices import DEFAULT_ALLOCATE, AllocatePart
+from cdiplug.models.names import extended_resource_problem, kind_problem, spec_file_name
+from cdiplug.models.resource import Api, ResourceConfig
+from cdiplug.models.world import World
+from cdiplug.toolkit.files import CONFIG_LIMIT, read_text
+from cdiplug.toolkit.safeload import load_yaml
+
+CONFIG_LABEL = "cdiplug.dev/config"  # the node label choosing a named configuration
 
 O = TypeVar("O")  # noqa: E741 - a backend's options type
 
@@ -118,7 +130,23 @@ def register_enum(cls: type[enum.Enum]) -> None:
 
 
 register_enum(AllocatePart)
-register_enum(Api)
+
+# The api key: the name of any front end registered when the file is read.
+ApiName = NewType("ApiName", str)
+
+
+def _api_hook(value: Any, _type: Any) -> str:
+    names = registered()
+    if not isinstance(value, str) or value not in names:
+        allowed = ", ".join(repr(n) for n in names)
+        raise ValueError(f"expected one of {allowed}, got {_describe(value) if not isinstance(value, str) else repr(value)}")
+    try:
+        return Api(value)  # the built-in ones as members: `r.api is Api.DRA` keeps working
+    except ValueError:
+        return value
+
+
+converter.register_structure_hook(ApiName, _api_hook)
 
 
 def _format_exception(exc: BaseException, type_: Any) -> str:
@@ -138,22 +166,46 @@ class _RawResource:
     name: str
     backend: str
     options: dict[str, Any] = attrs.Factory(dict)
+    # The settings of one front end or another (frontend.SETTINGS); None: not in the file.
     cdi_kind: str | None = None
     allocate: tuple[AllocatePart, ...] | None = None
-    replicas: int = 1
-    api: Api = Api.DEVICE_PLUGIN
+    replicas: int | None = None
+    api: ApiName = ApiName(Api.DEVICE_PLUGIN)
     dra_driver: str | None = None
+    device_metadata: bool | None = None
+    register_when_empty: bool | None = None
+
+    def given(self) -> list[str]:
+        return [s for s in SETTINGS if getattr(self, s) is not None]
+
+
+@frozen
+class _RawNamed:
+    resources: tuple[_RawResource, ...]
+    node_labels: bool | None = None
 
 
 @frozen
 class _RawConfig:
-    resources: tuple[_RawResource, ...]
+    resources: tuple[_RawResource, ...] | None = None
+    node_labels: bool | None = None
+    configurations: dict[str, _RawNamed] | None = None
+
+
+DEFAULT_NAME = "default"  # the named configuration a node without the cdiplug.dev/config label gets
 
 
 @frozen
 class Config:
+    """One node's configuration. ``name`` is the named configuration it is (None: a file without
+    ``configurations``); ``names`` every name the file has; ``path`` where its keys are in the file."""
+
     resources: tuple[ResourceConfig[object], ...]
     source: str = field(default="<built-in default>", eq=False)
+    node_labels: bool = False
+    name: str | None = None
+    names: tuple[str, ...] = field(default=(), eq=False)
+    path: str = field(default="$", eq=False)
 
     def by_name(self) -> Mapping[str, ResourceConfig[object]]:
         return {r.name: r for r in self.resources}
@@ -185,50 +237,113 @@ def _errors(exc: Exception, path: str, source: str) -> ConfigError:
 def structure_options(options_type: type[O], raw: Mapping[str, Any], path: str, source: str) -> O:
     """Structure a backend's options mapping; errors carry ``path`` (``$.resources[1].options``).
 
-    After structuring, an options class may check values across fields: a ``problems()`` method
-    yields ``(field, message)`` pairs, reported as ``message @ path.field``.
+    After structuring, an options class may check values across fields (it subclasses
+    :class:`~cdiplug.backend.CheckedOptions`): its ``(field, message)`` pairs are reported as
+    ``message @ path.field``.
     """
     try:
         options = converter.structure(dict(raw), options_type)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
         raise _errors(exc, path, source) from exc
-    for name, problem in getattr(options, "problems", lambda: ())():
+    for name, problem in options.problems() if isinstance(options, CheckedOptions) else ():
         raise ConfigError(problem, f"{path}.{name}", source)
     return options
 
 
-def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
-    """Turn already-loaded YAML data into a checked :class:`Config`."""
+def parse_config(
+    data: Any,
+    source: str = "<config>",
+    plugins: Mapping[str, BackendPlugin[Any]] | None = None,
+    configuration: str | None = None,
+) -> Config:
+    """Turn already-loaded YAML data into a checked :class:`Config`.
+
+    A file with ``configurations`` gives the one named ``configuration`` (:data:`DEFAULT_NAME`
+    when None); every one of them is checked, so a mistake in any is found on every node.
+    """
     if not isinstance(data, Mapping):
         raise ConfigError("the configuration must be a mapping with a 'resources' list", "$", source)
+    for key, expected in (("resources", "a list"), ("configurations", "a mapping")):
+        if key in data and data[key] is None:  # None in the raw class means "not in the file"
+            raise ConfigError(f"expected {expected}, got nothing (null)", f"$.{key}", source)
     try:
         raw = converter.structure(data, _RawConfig)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
         raise _errors(exc, "$", source) from exc
-    if not raw.resources:
-        raise ConfigError("at least one resource is needed", "$.resources", source)
     plugins = load_plugins() if plugins is None else plugins
+    default_labels = bool(raw.node_labels)
+    if raw.configurations is None:
+        if raw.resources is None:
+            raise ConfigError("required field missing", "$.resources", source)
+        return _parse_resources(raw.resources, "$", source, plugins, node_labels=default_labels)
+    if raw.resources is not None:
+        raise ConfigError(
+            "give either 'resources' or 'configurations', not both (put these resources under configurations.default)",
+            "$.resources",
+            source,
+        )
+    names = tuple(raw.configurations)
+    if DEFAULT_NAME not in raw.configurations:
+        raise ConfigError(
+            f"a configuration named {DEFAULT_NAME!r} is needed (nodes without the label get it)", "$.configurations", source
+        )
+    configs: dict[str, Config] = {}
+    for name, named in raw.configurations.items():
+        problem = label_value_problem(name)
+        if problem:
+            raise ConfigError(f"configuration name {name!r}: {problem}", "$.configurations", source)
+        labels = default_labels if named.node_labels is None else named.node_labels
+        configs[name] = _parse_resources(
+            named.resources, f"$.configurations.{name}", source, plugins, node_labels=labels, name=name, names=names
+        )
+    wanted = DEFAULT_NAME if configuration is None else configuration
+    if wanted not in configs:
+        raise ConfigError(
+            f"no configuration named {wanted!r} (the file has: {', '.join(names)})",
+            "$.configurations",
+            source,
+        )
+    return configs[wanted]
 
+
+def label_value_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a label value (the node label chooses a configuration by it)."""
+    if len(name) > 63 or not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", name) or not name:
+        return "a configuration name is a label value: at most 63 letters, digits, '-', '_' or '.', a letter or digit at each end"
+    return None
+
+
+def _parse_resources(
+    raw_resources: Sequence[_RawResource],
+    base: str,
+    source: str,
+    plugins: Mapping[str, BackendPlugin[Any]],
+    *,
+    node_labels: bool,
+    name: str | None = None,
+    names: tuple[str, ...] = (),
+) -> Config:
+    if not raw_resources:
+        raise ConfigError("at least one resource is needed", f"{base}.resources", source)
     resources: list[ResourceConfig[object]] = []
+    given: dict[str, list[str]] = {}
     seen_names: dict[str, int] = {}
     seen_kinds: dict[str, int] = {}
-    seen_drivers: dict[str, int] = {}
-    for i, r in enumerate(raw.resources):
-        at = f"$.resources[{i}]"
+    for i, r in enumerate(raw_resources):
+        at = f"{base}.resources[{i}]"
         problem = extended_resource_problem(r.name)
         if problem:
             raise ConfigError(problem, f"{at}.name", source)
         if r.name in seen_names:
             raise ConfigError(
-                f"resource {r.name!r} is already defined at $.resources[{seen_names[r.name]}]", f"{at}.name", source
+                f"resource {r.name!r} is already defined at {base}.resources[{seen_names[r.name]}]", f"{at}.name", source
             )
         seen_names[r.name] = i
-        if r.replicas < 1:
-            raise ConfigError(f"replicas must be at least 1, got {r.replicas}", f"{at}.replicas", source)
-        if r.replicas > MAX_REPLICAS:
-            raise ConfigError(f"replicas must be at most {MAX_REPLICAS:,}, got {r.replicas:,}", f"{at}.replicas", source)
-        if r.allocate is not None and not r.allocate:
-            raise ConfigError("allocate must name at least one part", f"{at}.allocate", source)
+        given[r.name] = r.given()
+        for setting in given[r.name]:
+            if setting not in registered()[r.api].settings:
+                apis = " or ".join(owners(setting))
+                raise ConfigError(f"{setting} is a {apis} setting; this resource has api: {r.api}", f"{at}.{setting}", source)
         if r.backend not in plugins:
             known = ", ".join(sorted(plugins)) or "none installed"
             raise BackendNotFound(f"unknown backend {r.backend!r} (known: {known})", f"{at}.backend", source)
@@ -236,39 +351,24 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
             plugin = plugins[r.backend]
         except BackendError as exc:  # installed, but its package cannot be imported
             raise BackendNotFound(str(exc), f"{at}.backend", source) from exc
+        # Every resource has a CDI kind (`cdiplug cdi generate` writes its spec, whatever its api);
+        # only a front end that reads cdi_kind lets the file choose it.
         kind = r.cdi_kind or plugin.cdi_kind_for(r.name)
+        where = f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name"
         problem = kind_problem(kind)
         if not problem and spec_file_name(kind).startswith("cdiplug-claim-"):
             # That file name is the DRA front end's per-claim spec, which it removes at will.
             problem = f"CDI kind {kind!r} would be written to {spec_file_name(kind)}, a name kept for DRA's per-claim specs"
+        if not problem and len(spec_file_name(kind).encode()) > MAX_FILE_NAME:
+            problem = f"the CDI spec file name for kind {kind[:80]!r} would be longer than {MAX_FILE_NAME} bytes"
         if problem:
-            raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
-        if len(spec_file_name(kind).encode()) > MAX_FILE_NAME:
-            raise ConfigError(
-                f"the CDI spec file name for kind {kind[:80]!r} would be longer than {MAX_FILE_NAME} bytes",
-                f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name",
-                source,
-            )
+            raise ConfigError(problem, where, source)
         if kind in seen_kinds:
-            raise ConfigError(f"CDI kind {kind!r} is already used by $.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source)
+            raise ConfigError(
+                f"CDI kind {kind!r} is already used by {base}.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source
+            )
         seen_kinds[kind] = i
-        driver = ""
-        if r.dra_driver is not None and r.api is not Api.DRA:
-            raise ConfigError("dra_driver applies only with api: dra", f"{at}.dra_driver", source)
-        if r.api is Api.DRA:
-            driver = r.dra_driver or plugin.dra_driver_for(r.name)
-            problem = dra_driver_problem(driver)
-            if problem:
-                raise ConfigError(problem, f"{at}.dra_driver" if r.dra_driver else f"{at}.name", source)
-            if driver in seen_drivers:
-                raise ConfigError(
-                    f"DRA driver {driver!r} is already used by $.resources[{seen_drivers[driver]}]", f"{at}.dra_driver", source
-                )
-            seen_drivers[driver] = i
         options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
-        problem = list_and_watch_problem(r.name, options, r.replicas)
-        if problem:
-            raise ConfigError(problem, f"{at}.replicas" if r.replicas > 1 else f"{at}.options", source)
         resources.append(
             ResourceConfig(
                 name=r.name,
@@ -276,19 +376,47 @@ def parse_config(data: Any, source: str = "<config>", plugins: Mapping[str, Back
                 options=options,
                 cdi_kind=kind,
                 allocate=frozenset(r.allocate) if r.allocate is not None else DEFAULT_ALLOCATE,
-                replicas=r.replicas,
+                replicas=r.replicas if r.replicas is not None else 1,
                 api=r.api,
-                dra_driver=driver or default_dra_driver(r.name),
+                dra_driver=r.dra_driver or plugin.dra_driver_for(r.name),
+                device_metadata=bool(r.device_metadata),
+                register_when_empty=bool(r.register_when_empty),
             )
         )
-    return Config(resources=tuple(resources), source=source)
+    config = Config(resources=tuple(resources), source=source, node_labels=node_labels, name=name, names=names, path=base)
+    _raise_first(config, [p for api, group in by_api(config).items() for p in front_end_type(api).check(group)], given)
+    return config
 
 
-def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlugin[Any]] | None = None) -> Config:
+def by_api(config: Config) -> dict[str, list[ResourceConfig[object]]]:
+    """The resources of ``config`` by the api serving them, in registration order."""
+    return {api: group for api in registered() if (group := [r for r in config.resources if r.api == api])}
+
+
+def _raise_first(config: Config, problems: Sequence[Problem], given: Mapping[str, Sequence[str]] | None = None) -> None:
+    """The first of the front ends' ``problems`` (in the file's order) as a ConfigError.
+
+    With ``given`` (the settings each resource set in the file), a problem with a setting left to
+    its default is reported at the resource's name, where that default comes from.
+    """
+    if not problems:
+        return
+    index = {r.name: i for i, r in enumerate(config.resources)}
+    first = min(problems, key=lambda p: index[p.resource])
+    setting = first.field.partition(".")[0]
+    field = first.field
+    if given is not None and setting in SETTINGS and setting not in given[first.resource]:
+        field = "name"
+    raise ConfigError(first.message, f"{config.path}.resources[{index[first.resource]}].{field}", config.source)
+
+
+def load_config(
+    path: Path | str | None = None, plugins: Mapping[str, BackendPlugin[Any]] | None = None, configuration: str | None = None
+) -> Config:
     """Read and check the config file, or the built-in default when ``path`` is None.
 
-    The file is read bounded (a regular file of at most :data:`~cdiplug.files.CONFIG_LIMIT`
-    bytes) and parsed with the bounds of ``cdiplug.safeload``; every problem is a ConfigError.
+    The file is read bounded (a regular file of at most :data:`~cdiplug.toolkit.files.CONFIG_LIMIT`
+    bytes) and parsed with the bounds of ``cdiplug.toolkit.safeload``; every problem is a ConfigError.
     """
     if path is None:
         return parse_config(copy.deepcopy(DEFAULT_CONFIG), "<built-in default>", plugins)
@@ -300,92 +428,12 @@ def load_config(path: Path | str | None = None, plugins: Mapping[str, BackendPlu
         raise
     except InputError as exc:
         raise ConfigError(exc.message, exc.path, exc.source) from exc
-    return parse_config(data, source, plugins)
-
-
-# -- limits of the kubelet and the kernel ---------------------------------------------------------
-
-MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL
-MAX_FILE_NAME = 255  # bytes of one file name (NAME_MAX)
-KUBELET_MAX_MESSAGE = 4 << 20  # the kubelet's gRPC receive limit, ListAndWatch included
-LIST_AND_WATCH_BUDGET = KUBELET_MAX_MESSAGE * 9 // 10  # a margin for what the estimate leaves out
-MAX_REPLICAS = 65536
-# The temporary name a ResourceServer binds before renaming it: ".cdiplug-<pid>-<n>.sock".
-_TEMP_SOCKET_NAME = len(".cdiplug-4194304-99999999.sock")
-
-
-def _varint_size(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def list_and_watch_size(devices: int, id_length: int, numa_nodes: int = 1) -> int:
-    """An upper bound of the ListAndWatch message for ``devices`` entries with IDs of at most
-    ``id_length`` bytes, each on at most ``numa_nodes`` NUMA nodes (protobuf wire sizes)."""
-    node = 1 + 1 + 1 + 5  # nodes entry: tag, length, NUMANode{ID: tag + varint of up to 2^31}
-    topology = 1 + 1 + numa_nodes * node if numa_nodes else 0
-    device = 1 + _varint_size(id_length) + id_length + 2 + len("Unhealthy") + topology
-    return devices * (1 + _varint_size(device) + device)
-
-
-def list_and_watch_problem(resource: str, options: Any, replicas: int) -> str | None:
-    """Why the devices of ``resource`` cannot fit in one ListAndWatch message, or None.
-
-    An options class that knows its device count says so through ``device_estimate(resource)``
-    (``(devices, longest ID in bytes)``); otherwise one device with a short ID is assumed, so
-    ``replicas`` alone is still checked.
-    """
-    estimate = getattr(options, "device_estimate", None)
-    devices, id_length = estimate(resource) if estimate is not None else (1, 1)
-    if replicas > 1:
-        id_length += len("::") + len(str(replicas - 1))
-    size = list_and_watch_size(devices * replicas, id_length)
-    if size <= LIST_AND_WATCH_BUDGET:
-        return None
-    what = f"{devices:,} devices × {replicas:,} replicas" if replicas > 1 else f"{devices:,} devices"
-    return (
-        f"{what} would make a ListAndWatch message of up to {size / (1 << 20):.1f} MiB; "
-        f"the kubelet accepts {KUBELET_MAX_MESSAGE >> 20} MiB (cdiplug allows {LIST_AND_WATCH_BUDGET / (1 << 20):.1f})"
-    )
+    return parse_config(data, source, plugins, configuration)
 
 
 def check_against(config: Config, world: World) -> None:
-    """Checks that need the node's folders: every socket path fits a unix socket address.
-
-    Run by the daemon at start (a ConfigError: exit 2) and on every reload (refused, the old
-    configuration kept). Reported as ``message @ $.resources[i].name (in FILE)``.
+    """The front ends' checks that need the node's folders (every socket path fits a unix socket
+    address), run by the daemon at start (a ConfigError: exit 2) and on every reload (refused, the
+    old configuration kept). Reported as ``message @ $.resources[i].name (in FILE)``.
     """
-    for i, r in enumerate(config.resources):
-        at = f"$.resources[{i}]"
-        if r.api is Api.DRA:
-            paths = [
-                (world.plugins_registry_dir / f"{r.dra_driver}-reg.sock", f"{at}.dra_driver"),
-                (world.plugins_dir / r.dra_driver / "dra.sock", f"{at}.dra_driver"),
-            ]
-        else:
-            socket = world.kubelet_dir / r.socket_name
-            paths = [(socket, f"{at}.name")]
-            temp = len(str(world.kubelet_dir).encode()) + 1 + _TEMP_SOCKET_NAME
-            if temp > MAX_SOCKET_PATH:
-                raise ConfigError(
-                    f"the kubelet folder {str(world.kubelet_dir)[:120]!r} is too long for unix sockets in it "
-                    f"({temp} bytes with cdiplug's temporary socket name; at most {MAX_SOCKET_PATH})",
-                    f"{at}.name",
-                    config.source,
-                )
-        for path, where in paths:
-            size = len(str(path).encode())
-            if size > MAX_SOCKET_PATH:
-                raise ConfigError(
-                    f"socket path {str(path)[:120]!r} is {size} bytes; a unix socket path is at most {MAX_SOCKET_PATH}",
-                    where,
-                    config.source,
-                )
-            if len(path.name.encode()) > MAX_FILE_NAME:
-                raise ConfigError(f"socket file name is longer than {MAX_FILE_NAME} bytes", where, config.source)
-
-
-def dra_driver_problem(driver: str) -> str | None:
-    """Why ``driver`` cannot name a DRA driver (a DNS subdomain of at most 63 characters), or None."""
-    if len(driver) > 63 or not is_dns_subdomain(driver):
-        return f"DRA driver name {driver[:80]!r} must be a DNS subdomain (lower case, digits, '-', '.') of at most 63 characters"
-    return None
+    _raise_first(config, [p for api, group in by_api(config).items() for p in front_end_type(api).check_node(group, world)])

@@ -1,15 +1,15 @@
-"""The daemon: configuration, metrics, the manager under a supervisor, and signals.
+"""The daemon: configuration, metrics, the node under a supervisor, and signals.
 
 :func:`serve` is what ``cdiplug serve`` runs. It loads the configuration (a :class:`ConfigError`
-propagates: the command line exits 2), builds :class:`~cdiplug.metrics.Metrics` (only when an
-address is given to serve them), starts the :class:`~cdiplug.deviceplugin.frontend.Manager` and then waits:
+propagates: the command line exits 2), builds :class:`~cdiplug.telemetry.metrics.Metrics` (only when an
+address is given to serve them), starts the :class:`~cdiplug.node.Node` (the backend host and the front ends) and then waits:
 
 - SIGTERM or SIGINT: a clean stop (tasks cancelled, servers stopped, our sockets removed); 0.
 - SIGHUP: the configuration file is read again and applied (resources added, removed or changed
   start, stop or update; the others are left alone). A bad new configuration is logged with its
   message and the old one keeps running; so is any other failure of a reload (one line, the
   traceback at debug level): the daemon never ends because of a reload. SIGHUPs before the node
-  is up (also those the early handlers of ``cdiplug.signals`` caught) make one reload after start.
+  is up (also those the early handlers of ``cdiplug.toolkit.signals`` caught) make one reload after start.
 - a guarded task failing: everything stops cleanly and its error is raised to the caller.
 
 The boundary: process-level concerns only; what runs is the node's business.
@@ -22,24 +22,27 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import signals
-from .backend import BackendPlugin
-from .brief import brief
-from .config import Config, check_against, load_config
-from .errors import CdiplugError, ConfigError
-from .node import Node
-from .supervisor import Supervisor
-from .telemetry import NULL_RECORDER
-from .world import World
+from cdiplug.backend import BackendPlugin
+from cdiplug.config import CONFIG_LABEL, Config, check_against, load_config
+from cdiplug.errors import CdiplugError, ConfigError
+from cdiplug.kube.own_node import OwnNode
+from cdiplug.models.world import World
+from cdiplug.node import Node
+from cdiplug.telemetry.recorder import NULL_RECORDER
+from cdiplug.toolkit import signals
+from cdiplug.toolkit.brief import brief
+from cdiplug.toolkit.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from cdiplug.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+CONFIG_LABEL_WAIT = 30.0  # seconds to read the node's configuration label at start
 
 
 class Daemon:
@@ -54,6 +57,7 @@ class Daemon:
         plugins: Mapping[str, BackendPlugin[Any]] | None = None,
         metrics: Metrics | None = None,
         stop: asyncio.Event | None = None,
+        own_node: Callable[[Supervisor], OwnNode] | None = None,
     ) -> None:
         # A path (re-read on SIGHUP), None (the built-in default) or a Config (embedding: the demo).
         self.config_source = config
@@ -63,7 +67,7 @@ class Daemon:
         if metrics is None and metrics_address:
             # Imported only when asked for: prometheus_client costs ~3.5 MiB of RSS, and nobody
             # reads the figures when they are not served.
-            from .metrics import Metrics
+            from cdiplug.telemetry.metrics import Metrics
 
             metrics = Metrics()
         self.metrics = metrics
@@ -73,6 +77,9 @@ class Daemon:
         self._stop = stop if stop is not None else asyncio.Event()
         self._reload = asyncio.Event()
         self._reloads_done = 0
+        # What is asked of the Node (labels, Events, the configuration label); tests give their API server.
+        self.own_node = own_node(self.supervisor) if own_node is not None else OwnNode(world, self.supervisor)
+        self.configuration: str | None = None  # the named configuration the node label chose (None: default)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -89,9 +96,37 @@ class Daemon:
         if isinstance(self.config_source, Config):
             config = self.config_source
         else:
-            config = await asyncio.to_thread(load_config, self.config_source, self.plugins)
+            config = await asyncio.to_thread(load_config, self.config_source, self.plugins, self.configuration)
         check_against(config, self.world)
         return config
+
+    async def _choose(self, config: Config) -> Config:
+        """With named configurations, the one the node's label names (watched from now on)."""
+        if not config.names or self.own_node.label_watch is not None:
+            return config
+        watch = self.own_node.watch_config_label(self._on_config_label)
+        try:
+            name = await watch.first(CONFIG_LABEL_WAIT)
+        except TimeoutError:
+            log.error(
+                "node %s not read within %g s; serving configuration %r until its label %s is known",
+                self.world.node_name,
+                CONFIG_LABEL_WAIT,
+                config.name,
+                CONFIG_LABEL,
+            )
+            return config
+        if name == self.configuration:
+            return config
+        self.configuration = name
+        return await self._load()  # an unknown name: a ConfigError, exit 2 (nothing runs yet)
+
+    def _on_config_label(self, name: str | None) -> None:
+        log.info(
+            "node label %s is now %s; applying that configuration", CONFIG_LABEL, name if name is not None else "unset (default)"
+        )
+        self.configuration = name
+        self._reload.set()
 
     async def run(self, handle_signals: bool = True) -> int:
         loop = asyncio.get_running_loop()
@@ -108,13 +143,15 @@ class Daemon:
             for early in signals.take_pending():  # caught before the loop's handlers were in place
                 (self._on_hup if early == signal.SIGHUP else self._on_stop_signal)(early)
         try:
-            config = await self._load()  # ConfigError propagates: exit status 2
-            log.info("configuration %s: %s", config.source, ", ".join(r.name for r in config.resources))
+            config = await self._choose(await self._load())  # ConfigError propagates: exit status 2
+            log.info("configuration %s%s: %s", config.source, _named(config), ", ".join(r.name for r in config.resources))
             async with contextlib.AsyncExitStack() as stack:
                 if self.metrics_address and self.metrics is not None:
                     await stack.enter_async_context(self.metrics.serve(self.metrics_address))
                 recorder = self.metrics if self.metrics is not None else NULL_RECORDER
-                node = self.node = Node(config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder)
+                node = self.node = Node(
+                    config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder, own_node=self.own_node
+                )
                 try:
                     await node.start()
                     # What start-up made (modules, classes, configuration) lives as long as the
@@ -128,6 +165,8 @@ class Daemon:
                     await self.supervisor.close()
                     await node.stop()
         finally:
+            await self.supervisor.close()  # the node label's watch may run before the node does
+            await self.own_node.close()
             for installed_sig in installed:
                 loop.remove_signal_handler(installed_sig)
             if installed:
@@ -170,16 +209,25 @@ class Daemon:
         assert self.node is not None
         try:
             try:
-                config = await self._load()
+                config = await self._choose(await self._load())
             except ConfigError as exc:
                 log.error("configuration not reloaded, the old one keeps running: %s", exc)
+                self.own_node.event(
+                    "ConfigurationError", f"not reloaded, the old configuration keeps running: {exc}", warning=True
+                )
                 return False
             try:
                 await self.node.reload(config)
             except CdiplugError as exc:
                 log.error("configuration not applied, the old one keeps running: %s", exc)
+                self.own_node.event(
+                    "ConfigurationError", f"not applied, the old configuration keeps running: {exc}", warning=True
+                )
                 return False
-            log.info("configuration reloaded: %s", ", ".join(r.name for r in config.resources))
+            log.info("configuration reloaded%s: %s", _named(config), ", ".join(r.name for r in config.resources))
+            self.own_node.event(
+                "ConfigurationApplied", f"configuration{_named(config)}: {', '.join(r.name for r in config.resources)}"
+            )
             return True
         except Exception as exc:  # a failure nobody foresaw must not end the daemon
             log.error(
@@ -191,6 +239,10 @@ class Daemon:
             return False
         finally:
             self._reloads_done += 1
+
+
+def _named(config: Config) -> str:
+    return f" (named configuration {config.name!r})" if config.name is not None else ""
 
 
 async def serve(

@@ -10,12 +10,12 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from .backend import BackendPlugin, load_plugins
-from .config import Config
-from .errors import BackendError
-from .host import group_by_backend
-from .model import DeviceSnapshot
-from .world import World
+from cdiplug.backend import Abilities, BackendPlugin, abilities_of, load_plugins
+from cdiplug.config import Config
+from cdiplug.errors import BackendError
+from cdiplug.host import group_by_backend
+from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.models.world import World
 
 
 class _FirstSnapshots:
@@ -36,13 +36,17 @@ async def discover_once(
     world: World,
     plugins: Mapping[str, BackendPlugin[Any]] | None = None,
     timeout: float = 30.0,
+    abilities: dict[str, Abilities] | None = None,
 ) -> dict[str, DeviceSnapshot]:
-    """The first snapshot of every resource in ``config``, in config order."""
+    """The first snapshot of every resource in ``config``, in config order; ``abilities``, when
+    given, gets each resource's backend abilities (its model labels, say)."""
     plugins = load_plugins() if plugins is None else plugins
     found: dict[str, DeviceSnapshot] = {}
     for backend_name, resources in group_by_backend(config.resources).items():
         sink = _FirstSnapshots({r.name for r in resources})
         backend = plugins[backend_name].create(resources, world)
+        if abilities is not None:
+            abilities.update({r.name: abilities_of(backend) for r in resources})
         task = asyncio.create_task(backend.run(sink), name=f"discover:{backend_name}")
         waiter = asyncio.create_task(sink.done.wait())
         try:

@@ -2,8 +2,7 @@
 
 Every failure that crosses a module boundary is one of these. Errors from the OS, NVML, gRPC or
 netlink are caught where they enter and re-raised as one of these with ``raise ... from``. gRPC
-status codes are chosen only at the gRPC edges (``cdiplug.deviceplugin.server``, ``cdiplug.dra.service``),
-from the class of the error.
+status codes are chosen in one place, :func:`cdiplug.wire.lenient.status_for`, from the class of the error.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from cdiplug.config import parse_config
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn, running_daemon
-from cdiplug.world import World
 
 GPU = "nvidia.com/gpu"
 
@@ -34,11 +34,13 @@ async def main(folder: Path) -> int:
         "hack/gpu-node-check.py",
     )
     async with KubeletStandIn(world.kubelet_dir) as kubelet, running_daemon(config, world):
-        await kubelet.wait_registered(GPU, timeout=60)
+        await kubelet.wait_registered("example.com/fpga", timeout=60)  # the daemon is up
         try:
+            # A resource with no devices is not registered (register_when_empty: false).
+            await kubelet.wait_registered(GPU, timeout=10)
             await kubelet.wait_until(lambda: kubelet.capacity(GPU) > 0, 10, "GPUs listed")
         except TimeoutError:
-            print(f"{GPU} registered but lists no GPU (no NVIDIA driver here?); see the daemon's log above")
+            print(f"{GPU} not registered: no GPU found (no NVIDIA driver here?); see the daemon's log above")
             return 1
         print(f"registered {GPU}: capacity {kubelet.capacity(GPU)}, allocatable {kubelet.allocatable(GPU)}")
         for device in kubelet.devices(GPU):

@@ -6,6 +6,14 @@
 # detached, with its PID, log and configuration under one state folder.
 #
 #   hack/local-cluster.sh up              start what is not running, wait for the node to be Ready
+#   hack/local-cluster.sh up --runtime cri-o   the one node on CRI-O instead of containerd (in its
+#                                         own mount namespace, as a node of the multi-node cluster)
+#   hack/local-cluster.sh up --nodes N|FILE    a multi-node cluster: N >= 3 nodes of the built-in
+#                                         hack/nodes/default.yaml (node-c on CRI-O), or the nodes
+#                                         FILE lists (name, runtime, labels, cdiplug config); each
+#                                         node a kubelet and its runtime in its own mount
+#                                         namespace, with its own address 127.0.0.N and bridge
+#                                         (hack/lib/multinode.sh, hack/README.md)
 #   hack/local-cluster.sh down [--purge]  stop every process it started (by PID), unmount what the
 #                                         node mounted; --purge also deletes the state folder
 #   hack/local-cluster.sh status          each component's PID, the node
@@ -14,7 +22,8 @@
 #   hack/local-cluster.sh images          build the cdiplug image from this tree (deploy/Containerfile
 #                                         on a Debian base made with debootstrap) and import it
 #   hack/local-cluster.sh start|stop NAME one component (etcd kube-apiserver kube-controller-manager
-#                                         kube-scheduler containerd kubelet)
+#                                         kube-scheduler containerd kubelet; on a multi-node
+#                                         cluster NODE.kubelet, NODE.containerd, NODE.crio)
 #
 # Settings (environment):
 #   CDIPLUG_CLUSTER_DIR  state folder (default /var/tmp/cdiplug-cluster)
@@ -33,7 +42,10 @@
 #
 # The kubelet runs with --root-dir /var/lib/kubelet (the usual device-plugin, PodResources and
 # DRA paths). Pods get a network from Debian's containernetworking-plugins (a bridge, no NAT):
-# the node is Ready and pods need no hostNetwork. No registry is needed: the pause image, a busybox
+# the node is Ready and pods need no hostNetwork. No kube-proxy runs; the one Service pods need,
+# the API server's (kubernetes.default, 10.96.0.1:443), is one DNAT rule to 127.0.0.1:6443 for
+# the bridge's subnet (see service_route_up), so in-cluster clients work as on a real node.
+# No registry is needed: the pause image, a busybox
 # image (Debian's busybox-static, tagged busybox:1.36 as deploy/examples uses it) and the cdiplug
 # image are made locally with podman and imported into containerd's k8s.io namespace.
 # Details and the facts behind each setting: hack/README.md.
@@ -64,6 +76,8 @@ PAUSE_IMAGE=localhost/cdiplug/pause:local
 BUSYBOX_IMAGE=docker.io/library/busybox:1.36
 BASE_IMAGE=localhost/cdiplug/debian-python3:$DEBIAN_SUITE
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
+# shellcheck source=hack/lib/multinode.sh
+source "$REPO/hack/lib/multinode.sh"
 
 say() { printf 'local-cluster: %s\n' "$*" >&2; }
 die() { printf 'local-cluster: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -427,12 +441,20 @@ start_kube_controller_manager() {
   [[ -z $(pid_of kube-controller-manager) ]] || return 0
   check_port 10257 kube-controller-manager
   say "starting kube-controller-manager"
-  # No node-lifecycle-controller: it would taint the node and evict every pod whenever the
-  # kubelet is down for a while (a restart test, `down` then `up`).
+  # One node: no node-lifecycle-controller: it would taint the node and evict every pod whenever
+  # the kubelet is down for a while (a restart test, `down` then `up`). Several nodes: on, with a
+  # 20 s grace period (a stopped kubelet's node turns NotReady, new pods go elsewhere; pods are
+  # evicted only after 300 s NotReady).
+  local controllers='*,-node-lifecycle-controller,-cloud-node-lifecycle-controller,-node-ipam-controller,-node-route-controller,-service-lb-controller'
+  local extra=()
+  if multi; then
+    controllers='*,-cloud-node-lifecycle-controller,-node-ipam-controller,-node-route-controller,-service-lb-controller'
+    extra=(--node-monitor-grace-period 20s)
+  fi
   launch kube-controller-manager \
     --kubeconfig "$KUBECONFIG_FILE" --bind-address 127.0.0.1 --secure-port 10257 \
     --leader-elect=false --use-service-account-credentials=false \
-    --controllers '*,-node-lifecycle-controller,-cloud-node-lifecycle-controller,-node-ipam-controller,-node-route-controller,-service-lb-controller' \
+    --controllers "$controllers" "${extra[@]}" \
     --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
     --profiling=false
 }
@@ -441,8 +463,17 @@ start_kube_scheduler() {
   [[ -z $(pid_of kube-scheduler) ]] || return 0
   check_port 10259 kube-scheduler
   say "starting kube-scheduler"
-  launch kube-scheduler --kubeconfig "$KUBECONFIG_FILE" --bind-address 127.0.0.1 --secure-port 10259 \
-    --leader-elect=false --profiling=false
+  if multi; then
+    # deploy/scheduler's profiles (default-scheduler and cdiplug-device-first), with this
+    # cluster's kubeconfig.
+    sed -e "s|^  kubeconfig: .*|  kubeconfig: $KUBECONFIG_FILE|" "$MN_SCHED_CONFIG" >"$STATE/kube-scheduler-config.yaml"
+    printf 'leaderElection:\n  leaderElect: false\n' >>"$STATE/kube-scheduler-config.yaml"
+    launch kube-scheduler --config "$STATE/kube-scheduler-config.yaml" --bind-address 127.0.0.1 --secure-port 10259 \
+      --profiling=false
+  else
+    launch kube-scheduler --kubeconfig "$KUBECONFIG_FILE" --bind-address 127.0.0.1 --secure-port 10259 \
+      --leader-elect=false --profiling=false
+  fi
 }
 
 # containerd keeps each pod's network namespace as a bind mount in /run/netns, which must be a
@@ -543,17 +574,20 @@ test_images() {
     podman import --quiet --change 'CMD ["sh"]' "$tmp/rootfs.tar" "$BUSYBOX_IMAGE" >/dev/null
     rm -rf "$tmp"
   fi
-  if ! podman image exists "$PAUSE_IMAGE"; then
-    # The sandbox's process: sleeps until it is told to stop.
+  # The sandbox's process, /pause: sleeps until it is told to stop. CRI-O runs it by that path
+  # (pause_command), containerd as the entrypoint. Images made before it had /pause are made again.
+  if [[ $(podman image inspect --format '{{index .Config.Labels "cdiplug.pause"}}' "$PAUSE_IMAGE" 2>/dev/null) != 2 ]]; then
     say "making $PAUSE_IMAGE"
+    podman rmi --force "$PAUSE_IMAGE" >/dev/null 2>&1 || true
     tmp=$(mktemp -d)
     mkdir -p "$tmp/root/bin"
     cp /bin/busybox "$tmp/root/bin/busybox"
     ln -s busybox "$tmp/root/bin/sh"
     ln -s busybox "$tmp/root/bin/sleep"
+    printf '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 86400 & wait; done\n' >"$tmp/root/pause"
+    chmod 755 "$tmp/root/pause"
     tar -C "$tmp/root" -cf "$tmp/rootfs.tar" .
-    podman import --quiet \
-      --change 'ENTRYPOINT ["/bin/sh", "-c", "trap \"exit 0\" TERM INT; while :; do sleep 86400 & wait; done"]' \
+    podman import --quiet --change 'ENTRYPOINT ["/pause"]' --change 'LABEL cdiplug.pause=2' \
       "$tmp/rootfs.tar" "$PAUSE_IMAGE" >/dev/null
     rm -rf "$tmp"
   fi
@@ -618,39 +652,78 @@ cdiplug_image() {
   echo "docker.io/library/$image"
 }
 
-cmd_images() {
-  need_root
-  resolve_bin
-  [[ -n $(pid_of containerd) ]] || die "containerd is not running: $0 up"
+# build_cdiplug_image IMAGE: deploy/Containerfile on the Debian base, in podman (layers cached).
+build_cdiplug_image() {
+  local image=$1
   base_image
-  local image
-  image=$(cdiplug_image)
   say "building $image from $REPO (deploy/Containerfile)"
   mkdir -p "$CACHE/images"
   podman build --network host --layers -f "$REPO/deploy/Containerfile" \
     --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$image" "$REPO" >"$CACHE/images/build.log" 2>&1 ||
     { tail -n 40 "$CACHE/images/build.log" >&2; die "podman build failed (log: $CACHE/images/build.log)"; }
-  test_images
-  import_image "$PAUSE_IMAGE"
-  import_image "$BUSYBOX_IMAGE"
-  import_image "$image"
   # Intermediate layers are the build cache: only old ones go.
   podman image prune --force --filter until=72h >/dev/null 2>&1 || true
 }
 
+# images [TAG]: the image built and imported into every node; TAG (another tag of the same
+# build, for a rolling update) instead of deploy/base's.
+cmd_images() {
+  need_root
+  resolve_bin
+  local image
+  image=$(cdiplug_image)
+  if [[ -n ${1:-} ]]; then image=${image%:*}:$1; fi
+  if multi; then
+    if grep -q ' cri-o ' "$MN_FILE"; then resolve_crio; fi
+    cmd_images_multi "$image"
+    return
+  fi
+  [[ -n $(pid_of containerd) ]] || die "containerd is not running: $0 up"
+  build_cdiplug_image "$image"
+  test_images
+  import_image "$PAUSE_IMAGE"
+  import_image "$BUSYBOX_IMAGE"
+  import_image "$image"
+}
+
 # --- commands --------------------------------------------------------------------------------
+
+# The kubernetes Service for pods, as kube-proxy would route it: packets from the pod subnet to
+# $SERVICE_IP:443 go to the API server on 127.0.0.1:6443 (it listens on loopback only). DNAT to
+# loopback needs route_localnet on the interface they arrive on; it is set on our bridge alone
+# (made here, before the CNI plugin would make it) so no other interface can reach 127.0.0.0/8.
+SERVICE_RULE=(-s "$POD_CIDR" -d "$SERVICE_IP" -p tcp --dport 443 -m comment --comment cdiplug-local-cluster
+  -j DNAT --to-destination 127.0.0.1:6443)
+service_route_up() {
+  need_tool iptables iptables
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  ip link set "$BRIDGE" up
+  sysctl -qw "net.ipv4.conf.$BRIDGE.route_localnet=1"
+  iptables -t nat -C PREROUTING "${SERVICE_RULE[@]}" 2>/dev/null || iptables -t nat -A PREROUTING "${SERVICE_RULE[@]}"
+}
+
+service_route_down() {
+  while iptables -t nat -D PREROUTING "${SERVICE_RULE[@]}" 2>/dev/null; do :; done
+}
 
 cmd_up() {
   check_tools
   resolve_bin
   node_facts
   mkdir -p "$STATE" "$RUN" "$LOGS"
+  # After a multi-node cluster: a new cluster, without the old one's nodes and pods.
+  if [[ -f $STATE/cluster && $(cat "$STATE/cluster") != one-node ]]; then
+    [[ -z $(pid_of kube-apiserver) ]] || die "a multi-node cluster is up: $0 down first"
+    rm -rf "$STATE/etcd"
+  fi
+  echo one-node >"$STATE/cluster"
   make_pki
   write_configs
   start_etcd
   start_kube_apiserver
   start_kube_controller_manager
   start_kube_scheduler
+  service_route_up
   start_containerd
   # The sandbox image must be there before the kubelet starts pods.
   test_images
@@ -719,6 +792,10 @@ cmd_down() {
   need_root
   local purge=0
   [[ ${1:-} == --purge ]] && purge=1
+  if multi; then
+    cmd_down_multi "$purge"
+    return
+  fi
   if [[ -d $STATE ]]; then
     resolve_bin
     stop_components 15 kubelet kube-scheduler kube-controller-manager
@@ -748,6 +825,7 @@ cmd_down() {
   if [[ -d /run/netns && -z $(ls -A /run/netns) ]] && mountpoint -q /run/netns; then
     umount /run/netns 2>/dev/null || true
   fi
+  service_route_down
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$STATE/cni/ipam"
   if ((purge)); then
@@ -759,6 +837,10 @@ cmd_down() {
 
 cmd_status() {
   local c pid rc=0
+  if multi; then
+    cmd_status_multi
+    return
+  fi
   for c in "${COMPONENTS[@]}"; do
     pid=$(pid_of "$c")
     if [[ -n $pid ]]; then printf '%-24s running (pid %s)\n' "$c" "$pid"; else printf '%-24s stopped\n' "$c"; rc=1; fi
@@ -782,7 +864,9 @@ cmd_logs() {
     esac
     shift
   done
-  ((${#names[@]})) || names=("${COMPONENTS[@]}")
+  if ((${#names[@]} == 0)); then
+    if multi; then mapfile -t names < <(mn_log_names); else names=("${COMPONENTS[@]}"); fi
+  fi
   for c in "${names[@]}"; do
     printf '===== %s (%s) =====\n' "$c" "$LOGS/$c.log"
     tail -n "$lines" "$LOGS/$c.log" 2>/dev/null || echo "(no log)"
@@ -792,6 +876,41 @@ cmd_logs() {
 cmd_env() {
   printf 'export CDIPLUG_CLUSTER_DIR=%q\n' "$STATE"
   printf 'export KUBECONFIG=%q\n' "$KUBECONFIG_FILE"
+  if multi; then printf 'export CDIPLUG_NODES_FILE=%q\n' "$MN_NODES/nodes.yaml"; fi
+}
+
+# up [--nodes N|FILE | --runtime containerd|cri-o]
+cmd_up_args() {
+  local nodes="" runtime=containerd
+  while (($#)); do
+    case $1 in
+      --nodes) [[ $# -ge 2 ]] || die "up: --nodes needs a number or a file"; nodes=$2; shift ;;
+      --runtime) [[ $# -ge 2 ]] || die "up: --runtime needs containerd or cri-o"; runtime=$2; shift ;;
+      *) die "up: unknown argument $1 (--nodes N|FILE, --runtime containerd|cri-o)" ;;
+    esac
+    shift
+  done
+  if [[ -n $nodes ]]; then
+    [[ $nodes =~ ^[0-9]+$ || -f $nodes ]] || die "up --nodes $nodes: neither a number nor a file"
+    [[ $nodes =~ ^[0-9]+$ ]] || nodes=$(readlink -f "$nodes")
+    cmd_up_multi "$nodes"
+    return
+  fi
+  case $runtime in
+    containerd)
+      multi && die "a multi-node cluster is up: $0 down first"
+      cmd_up
+      ;;
+    cri-o)
+      # The one node on CRI-O: a node list of one, run as a multi-node cluster is.
+      mkdir -p "$STATE"
+      local file=$STATE/one-cri-o.yaml
+      printf -- '- name: %s\n  runtime: cri-o\n  labels: {cdiplug.test/runtime: cri-o}\n  cdiplug: {resources: [{name: example.com/fpga, backend: fake, options: {count: 2}}]}\n' \
+        "$(hostname | tr '[:upper:]' '[:lower:]')" >"$file"
+      cmd_up_multi "$file"
+      ;;
+    *) die "up --runtime: containerd or cri-o, not $runtime" ;;
+  esac
 }
 
 main() {
@@ -799,19 +918,21 @@ main() {
   [[ -n $cmd ]] || { usage >&2; exit 2; }
   shift
   case $cmd in
-    up) cmd_up ;;
+    up) cmd_up_args "$@" ;;
     down) cmd_down "$@" ;;
     status) cmd_status ;;
     logs) cmd_logs "$@" ;;
     env) cmd_env ;;
-    images) cmd_images ;;
+    images) cmd_images "$@" ;;
     start)
       [[ $# -eq 1 ]] || die "usage: $0 start NAME"
-      check_tools; resolve_bin; node_facts; write_configs; start_one "$1"
+      if multi; then mn_start_one "$1"; else check_tools; resolve_bin; node_facts; write_configs; start_one "$1"; fi
       ;;
     stop)
       [[ $# -eq 1 ]] || die "usage: $0 stop NAME"
-      need_root; resolve_bin; stop_components 15 "$1"
+      need_root; resolve_bin
+      [[ $1 != *.holder ]] || die "stop $1: a node's namespace goes with $0 down"
+      stop_components 15 "$1"
       ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;

@@ -10,7 +10,11 @@
 # 4. pytest -m "not cluster", as root (the tests bind devices, mount, write /var/run/cdi; sudo
 #    for a normal user);
 # 5. the cluster tests on a real one-node cluster (hack/local-cluster.sh: up, the image built
-#    from this tree, pytest -m cluster, down; on a failure the tail of every component's log).
+#    from this tree, pytest -m "cluster and not multinode", down; on a failure the tail of every
+#    component's log);
+# 6. the multi-node tests on the heterogeneous cluster (hack/local-cluster.sh up --nodes 3: two
+#    containerd nodes and one CRI-O node; the image imported on each, pytest -m multinode, down; on
+#    a failure the tail of every node's kubelet and runtime log and the control plane's).
 # pytest's "no test collected" (exit 5) is a failure. With PYTEST ARGS only pytest gets them
 # (no checks, no cluster): a quick local run.
 set -euo pipefail
@@ -19,7 +23,7 @@ cd "$(dirname "$0")/.."
 source hack/lib/venv.sh
 
 apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
-  etcd-server debootstrap containernetworking-plugins curl openssl
+  etcd-server debootstrap containernetworking-plugins curl openssl iptables
 ensure_venv
 .venv/bin/python -m pip install -q -e '.[test]'
 
@@ -58,7 +62,7 @@ started=$SECONDS
 cluster_status=0
 if as_root hack/local-cluster.sh up && as_root hack/local-cluster.sh images; then
   echo "$0: cluster up and image built in $((SECONDS - started)) s"
-  step "pytest -m cluster" as_root .venv/bin/python -m pytest -m cluster tests/cluster --durations=0
+  step "pytest -m cluster" as_root .venv/bin/python -m pytest -m "cluster and not multinode" tests/cluster --durations=0
   cluster_status=$rc
 else
   echo "$0: the local cluster did not come up" >&2
@@ -67,6 +71,24 @@ fi
 echo "$0: cluster part took $((SECONDS - started)) s"
 if ((cluster_status)); then
   echo "$0: the last lines of each component's log:" >&2
+  as_root hack/local-cluster.sh logs -n 60 >&2 || true
+fi
+as_root hack/local-cluster.sh down || true
+
+# The multi-node part (its own cluster: the one-node one is down).
+started=$SECONDS
+cluster_status=0
+if as_root hack/local-cluster.sh up --nodes 3 && as_root hack/local-cluster.sh images; then
+  echo "$0: 3-node cluster up and image imported on every node in $((SECONDS - started)) s"
+  step "pytest -m multinode" as_root .venv/bin/python -m pytest -m multinode tests/cluster --durations=0 -rxX
+  cluster_status=$rc
+else
+  echo "$0: the multi-node cluster did not come up" >&2
+  status=1 cluster_status=1
+fi
+echo "$0: multi-node part took $((SECONDS - started)) s"
+if ((cluster_status)); then
+  echo "$0: the last lines of every node's and the control plane's logs:" >&2
   as_root hack/local-cluster.sh logs -n 60 >&2 || true
 fi
 exit $status

@@ -5,8 +5,8 @@
 #
 # - cdiplug-example.com-fpga.json: `cdiplug cdi generate` with the built-in default (fake FPGAs);
 # - cdiplug-example.com-nic-vfio.json: the PCI backend with vfio on a fake sysfs tree
-#   (cdiplug.testing.SysfsTree: an Intel X710 PF with two VFs, each in its own IOMMU group);
-# - cdiplug-cdiplug.nvidia.com-gpu.json: the NVIDIA backend on cdiplug.testing.FakeNvml's
+#   (cdiplug_backends.pci.testing.SysfsTree: an Intel X710 PF with two VFs, each in its own IOMMU group);
+# - cdiplug-cdiplug.nvidia.com-gpu.json: the NVIDIA backend on cdiplug_backends.nvidia.testing.FakeNvml's
 #   2x4 NVLink-pair A100 machine.
 #
 # tests/cdiplug/cdi/test_example_specs.py runs this into a temporary folder and fails when
@@ -35,9 +35,9 @@ from pathlib import Path
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.config import parse_config
 from cdiplug.discovery import discover_once
-from cdiplug.testing import FakeNvml, SysfsTree
-from cdiplug.testing.sysfs import FakeUdevMonitor
-from cdiplug.world import World
+from cdiplug_backends.nvidia.testing import FakeNvml
+from cdiplug_backends.pci.testing import FakeUdevMonitor, SysfsTree
+from cdiplug.models.world import World
 from cdiplug_backends.nvidia import make_plugin as nvidia_plugin
 from cdiplug_backends.pci import make_plugin as pci_plugin
 

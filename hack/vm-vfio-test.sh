@@ -14,7 +14,8 @@
 #   (SIGKILL) in the middle of binding the NIC, right after the unbind step, finishes the bind
 #   at its next start from the journal; edu served as a DRA driver (api: dra, with the DRA
 #   kubelet and API-server stand-ins): a claim's prepare binds it to vfio-pci and its unprepare
-#   (release: restore) gives it back; `cdiplug vfio unbind` returns both to their original
+#   (release: restore) gives it back, a claim configured vfio: false (PciConfig) keeps it off
+#   vfio-pci with no /dev/vfio in its spec, an admin-access claim binds nothing; `cdiplug vfio unbind` returns both to their original
 #   drivers (e1000e with its interface back; edu to none).
 # Exit status 0 when every check passed. Needs qemu-system-x86_64, busybox (static) and
 # apt-get + dpkg-deb (or CDIPLUG_VM_KERNEL_DEB=/path/to/linux-image-...deb); kernel, modules and
@@ -429,13 +430,13 @@ sys.exit(1 if fails else 0)
 '
 
 GUEST_DRA_SCENARIO='
-import asyncio, json, sys
+import asyncio, collections, json, os, queue, signal, subprocess, sys, threading
 from pathlib import Path
 from cdiplug.config import parse_config
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
 from cdiplug.testing.daemon import running_daemon
 from cdiplug.testing.dra_kubelet import ClaimRef
-from cdiplug.world import World
+from cdiplug.models.world import World
 
 edu, edu_group = sys.argv[1:]
 DRIVER = "edu.example.com"
@@ -484,7 +485,119 @@ async def main():
             ok(errors == {UID: ""} and driver(edu) is None,
                f"DRA: unprepare with release: restore gave edu back to no driver ({driver(edu)}) {errors}")
             ok(not Path(f"/tmp/cdi/cdiplug-claim-{UID}.json").exists(), "DRA: unprepare removed the claim spec")
+            # A claim configured vfio: false (PciConfig): edu keeps its host driver (none here, as
+            # QEMU has no driver for it), nothing is bound, no /dev/vfio in its spec, nothing released.
+            uid2 = "0e0e0e0e-0000-4000-8000-000000000002"
+            params = {"apiVersion": "cdiplug.dev/v1alpha1", "kind": "PciConfig", "vfio": False}
+            config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}]
+            api.put_claim({"metadata": {"name": "vm-edu-host", "namespace": "default", "uid": uid2},
+                           "status": {"allocation": {"devices": {"results": results, "config": config}}}})
+            ref2 = ClaimRef("default", "vm-edu-host", uid2)
+            answer = (await conn.prepare([ref2]))[uid2]
+            ok(not answer.error and driver(edu) is None and not Path(f"/dev/vfio/{edu_group}").exists(),
+               f"DRA vfio: false: prepare kept edu on its host driver, nothing bound ({driver(edu)}) {answer.error}")
+            text = Path(f"/tmp/cdi/cdiplug-claim-{uid2}.json").read_text()
+            env_name = "PCI_DEVICE_" + edu.upper().replace(":", "_").replace(".", "_")
+            ok("/dev/vfio" not in text and f"{env_name}={edu}" in text,
+               f"DRA vfio: false: the claim spec gives {env_name} and no /dev/vfio")
+            errors = await conn.unprepare([ref2])
+            ok(errors == {uid2: ""} and driver(edu) is None and not Path(f"/tmp/cdi/cdiplug-claim-{uid2}.json").exists(),
+               f"DRA vfio: false: unprepare released nothing and removed the spec ({driver(edu)}) {errors}")
+            # An admin-access claim (monitoring): no bind, no VFIO group node, marked in its env.
+            uid3 = "0e0e0e0e-0000-4000-8000-000000000003"
+            admin = [dict(results[0], adminAccess=True)]
+            api.put_claim({"metadata": {"name": "vm-edu-admin", "namespace": "default", "uid": uid3},
+                           "status": {"allocation": {"devices": {"results": admin}}}})
+            ref3 = ClaimRef("default", "vm-edu-admin", uid3)
+            answer = (await conn.prepare([ref3]))[uid3]
+            text = Path(f"/tmp/cdi/cdiplug-claim-{uid3}.json").read_text()
+            ok(not answer.error and driver(edu) is None and "/dev/vfio" not in text and "CDIPLUG_ADMIN_ACCESS=true" in text,
+               f"DRA admin access: edu not bound, no /dev/vfio, CDIPLUG_ADMIN_ACCESS=true ({driver(edu)}) {answer.error}")
+            errors = await conn.unprepare([ref3])
+            ok(errors == {uid3: ""} and driver(edu) is None, f"DRA admin access: unprepare released nothing ({driver(edu)}) {errors}")
         ok(daemon.result() == 0, "DRA: the daemon stopped cleanly")
+        await kill_before_completed(api)
+
+class DaemonLog:
+    """The stderr of a daemon process, read by a thread from its start: a pipe nobody reads fills up
+    and stops the daemon at its next log line. The last lines are kept to say where it stood."""
+
+    def __init__(self, proc):
+        self.lines, self.last = queue.Queue(), collections.deque(maxlen=20)
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc):
+        for line in proc.stderr:
+            self.last.append(line.rstrip())
+            self.lines.put(line)
+        self.lines.put(None)
+
+    async def line_with(self, text, timeout=120):
+        """Until a line holds text (False if the daemon ended first)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            try:
+                line = await asyncio.to_thread(self.lines.get, True, 0.5)
+            except queue.Empty:
+                continue
+            if line is None:
+                return False
+            if text in line:
+                return True
+        print(f"no line with {text!r} within {timeout} s; the daemon said last:", *self.last, sep="\n  ", flush=True)
+        raise TimeoutError(text)
+
+    def tail(self):
+        print("the daemon said last:", *self.last, sep="\n  ", flush=True)
+
+async def kill_before_completed(api):
+    # A real daemon process, killed with SIGKILL after the backend bound edu for a claim and
+    # before PrepareCompleted; the next daemon rolls the claim back at start (never prepared again).
+    Path("/tmp/dra-kill.json").write_text(json.dumps(CONFIG))
+    args = ["cdiplug", "serve", "--config", "/tmp/dra-kill.json", "--kubelet-dir", "/tmp/kubelet-dra",
+            "--cdi-dir", "/tmp/cdi", "--state-dir", "/tmp/state", "--plugins-registry-dir", "/tmp/reg-kill",
+            "--plugins-dir", "/tmp/plugins", "--node-name", "vm", "--kubeconfig", "/tmp/kubeconfig",
+            "--pod-resources-socket", "/tmp/pod-resources-dra.sock"]
+    uid = "0e0e0e0e-0000-4000-8000-000000000002"
+    results = [{"request": "edu", "driver": DRIVER, "pool": "vm", "device": api.slices(spec__driver=DRIVER)[0]["spec"]["devices"][0]["name"]}]
+    api.put_claim({"metadata": {"name": "vm-edu-kill", "namespace": "default", "uid": uid},
+                   "status": {"allocation": {"devices": {"results": results}}}})
+    ref = ClaimRef("default", "vm-edu-kill", uid)
+    async with DraKubeletStandIn(Path("/tmp/reg-kill"), timeout=90) as kubelet:
+        proc = subprocess.Popen(args, env={**os.environ, "CDIPLUG_DRA_PAUSE_AFTER": "prepared"}, stderr=subprocess.PIPE, text=True)
+        log = DaemonLog(proc)
+        try:
+            try:
+                conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 120)
+            except TimeoutError:
+                log.tail()
+                raise
+            call = asyncio.create_task(conn.prepare([ref]))
+            paused = await log.line_with("cdiplug-test-hook: DRA paused after prepared")
+            ok(paused and driver(edu) == "vfio-pci", f"DRA kill: the daemon paused after the backend bound edu ({driver(edu)})")
+            state = json.loads(Path("/tmp/state/dra-claims.json").read_text())["claims"][uid]["state"]
+            ok(state == "PrepareStarted", f"DRA kill: the checkpoint holds the claim as {state}")
+        finally:
+            proc.kill()
+            proc.wait()
+        await asyncio.gather(call, return_exceptions=True)
+        await conn.close()
+        proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        log = DaemonLog(proc)
+        try:
+            rolled = await log.line_with("rolled back claim default/vm-edu-kill")
+            ok(rolled and driver(edu) is None,
+               f"DRA kill: after SIGKILL before PrepareCompleted the restarted daemon gave edu back to no driver ({driver(edu)})")
+            left = json.loads(Path("/tmp/state/dra-claims.json").read_text())["claims"]
+            ok(uid not in left and not Path(f"/tmp/cdi/cdiplug-claim-{uid}.json").exists(), "DRA kill: the claim is forgotten, no spec left")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 try:
     asyncio.run(main())

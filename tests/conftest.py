@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug.world import World
+from cdiplug.models.world import World
 
 
 @pytest.fixture

@@ -13,16 +13,36 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
-from cdiplug.backend import SnapshotSink
-from cdiplug.brief import brief
-from cdiplug.errors import InputError
-from cdiplug.files import CONFIG_LIMIT, read_text
-from cdiplug.filewatch import FOLDER, FolderWatch
-from cdiplug.model import MAX_NUMA_NODE, ContainerEdits, Device, DeviceSnapshot, Health
-from cdiplug.names import resource_class
-from cdiplug.resource import ResourceConfig
-from cdiplug.safeload import load_json, load_yaml
-from cdiplug.world import World
+from cdiplug.sdk import (
+    CONFIG_LIMIT,
+    FOLDER,
+    MAX_NUMA_NODE,
+    Backend,
+    CheckedOptions,
+    ClaimConfigurable,
+    Configured,
+    ContainerEdits,
+    CounterSet,
+    Device,
+    DeviceSnapshot,
+    FolderWatch,
+    Health,
+    HealthCause,
+    InputError,
+    ResourceConfig,
+    SizedOptions,
+    SnapshotSink,
+    World,
+    brief,
+    load_json,
+    load_yaml,
+    read_text,
+    resource_class,
+)
+
+from . import shapes
+from .claim_config import KIND, FakeClaimConfig, shaped
+from .shapes import CapacityOption
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +50,19 @@ MAX_COUNT = 65536
 
 
 @frozen
-class FakeOptions:
+class FakeOptions(CheckedOptions, SizedOptions):
     count: int = 2
     numa_nodes: tuple[int, ...] = ()
     health_file: Path | None = None
     # device ID -> attribute name -> str | int | bool (typed attributes that DRA publishes)
     attributes: dict[str, dict[str, Any]] = field(factory=dict)
+    # A folder where each prepared device gets a marker file named by its ID, removed when it is
+    # released: a preparation tests can see (kill -9 mid-prepare). None: the fake prepares nothing.
+    prepared_dir: Path | None = None
+    # Sharing and partitions (DRA; :mod:`.shapes`).
+    shared: bool = False
+    capacity: dict[str, CapacityOption] = field(factory=dict)
+    partitions: tuple[int, ...] = ()
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not 0 <= self.count <= MAX_COUNT:
@@ -55,10 +82,15 @@ class FakeOptions:
                         f"attributes.{device_id}.{name}",
                         f"must be a string, an integer or true/false, got {type(value).__name__}",
                     )
+        yield from shapes.problems(self.shared, self.capacity, self.partitions)
 
     def device_estimate(self, resource: str) -> tuple[int, int]:
         """How many devices these options make, and the longest ID in bytes (config checks this)."""
-        return self.count, len(f"{resource_class(resource)}-{max(self.count - 1, 0)}".encode())
+        parts = sum(self.partitions) if self.partitions else 1
+        longest = f"{resource_class(resource)}-{max(self.count - 1, 0)}"
+        if self.partitions:
+            longest += f"-{max(self.partitions)}of{max(self.partitions)}"
+        return self.count * parts, len(longest.encode())
 
 
 def env_prefix(resource: str) -> str:
@@ -66,12 +98,20 @@ def env_prefix(resource: str) -> str:
     return "FAKE_" + re.sub(r"[^A-Za-z0-9]", "_", resource_class(resource)).upper()
 
 
-def read_health_file(path: Path) -> Mapping[str, Health]:
+DeviceHealth = tuple[Health, HealthCause | None]
+"""A device's line of the health file: its health and the cause given (None: none)."""
+HEALTHY: DeviceHealth = (Health.HEALTHY, None)
+
+
+def read_health_file(path: Path) -> Mapping[str, DeviceHealth]:
     """Parse the health file; a missing file means every device is Healthy.
 
-    The file is read bounded (a regular file of at most 1 MiB, UTF-8) and parsed with the bounds
-    of ``cdiplug.safeload``. Raises :class:`InputError` naming the file and the entry for anything
-    else that is wrong.
+    Each value is ``Healthy`` or ``Unhealthy``, optionally followed by a cause and its code
+    (``Unhealthy thermal=85C``; ``Unhealthy thermal`` for the code ``true``): DRA taints the device
+    ``cdiplug.dev/<cause>=<code>``, ``NoSchedule`` while Unhealthy and informational (``None``) on
+    a Healthy device. The file is read bounded (a regular file of at most 1 MiB, UTF-8) and parsed
+    with the bounds of ``cdiplug.toolkit.safeload``. Raises :class:`InputError` naming the file and
+    the entry for anything else that is wrong.
     """
     source = str(path)
     text = read_text(path, CONFIG_LIMIT, "health file", missing_ok=True)
@@ -82,21 +122,34 @@ def read_health_file(path: Path) -> Mapping[str, Health]:
         return {}
     if not isinstance(data, Mapping):
         raise InputError("health file must map device IDs to Healthy or Unhealthy", "$", source)
-    health: dict[str, Health] = {}
+    health: dict[str, DeviceHealth] = {}
     for key, value in data.items():
+        where = f"$.{brief(str(key))[1:-1] if len(str(key)) <= 64 else brief(str(key))}"
+        state, _, cause = str(value).partition(" ") if isinstance(value, str) else (value, "", "")
         try:
-            health[str(key)] = Health(value)
+            parsed = Health(state)
         except (ValueError, TypeError):
             raise InputError(
-                f"health must be Healthy or Unhealthy, got {brief(value)}",
-                f"$.{brief(str(key))[1:-1] if len(str(key)) <= 64 else brief(str(key))}",
+                f"health must be Healthy or Unhealthy, got {brief(value)} (a cause may follow: 'Unhealthy thermal=85C')",
+                where,
                 source,
             ) from None
+        health[str(key)] = (parsed, _cause(cause.strip(), where, source))
     return health
 
 
-class FakeBackend:
-    """Serves every resource configured with ``backend: fake``."""
+def _cause(text: str, where: str, source: str) -> HealthCause | None:
+    if not text:
+        return None
+    name, _, code = text.partition("=")
+    try:
+        return HealthCause(name, code or "true")
+    except ValueError as exc:
+        raise InputError(str(exc), where, source) from None
+
+
+class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig]):
+    """Serves every resource configured with ``backend: fake``; DRA claims may configure it (``FakeConfig``)."""
 
     def __init__(self, resources: Sequence[ResourceConfig[FakeOptions]], world: World) -> None:
         self.resources = tuple(resources)
@@ -105,7 +158,7 @@ class FakeBackend:
         # devices whose health differs, so unchanged ones stay the same objects and everything
         # downstream (diffs, the ListAndWatch list, the CDI spec) can tell them apart by identity.
         self._healthy: dict[str, tuple[Device, ...]] = {}
-        self._unhealthy: dict[tuple[str, str], Device] = {}  # (resource, ID): the Unhealthy one
+        self._changed: dict[tuple[str, str, DeviceHealth], Device] = {}  # (resource, ID, health): not Healthy as built
 
     def _devices(self, resource: ResourceConfig[FakeOptions]) -> tuple[Device, ...]:
         devices = self._healthy.get(resource.name)
@@ -115,31 +168,70 @@ class FakeBackend:
             prefix = env_prefix(resource.name)
             model = (("model", f"fake {cls}"),)  # one tuple shared by every device, as are the NUMA tuples
             numa: list[tuple[int, ...]] = [(node,) for node in opts.numa_nodes] or [()]
-            devices = self._healthy[resource.name] = tuple(
+            capacity = {name: c.value for name, c in opts.capacity.items()}
+            policies = {name: p for name, c in opts.capacity.items() if (p := c.policy) is not None}
+            devices = tuple(
                 Device(
                     id=f"{cls}-{i}",
                     numa_nodes=numa[i % len(numa)],
                     edits=ContainerEdits(env=((f"{prefix}_DEVICE_{i}", f"{cls}-{i}"),)),
                     attributes=model + tuple(opts.attributes.get(f"{cls}-{i}", {}).items()),
+                    capacity=capacity,
+                    shared=opts.shared,
+                    capacity_policies=policies,
+                    capacity_env={name: f"{prefix}_{name.upper()}_{i}" for name in opts.capacity} if opts.shared else {},
                 )
                 for i in range(opts.count)
             )
+            if opts.partitions and resource.api == "dra":  # device-plugin devices cannot overlap: whole ones only
+                devices = tuple(
+                    p for i, d in enumerate(devices) for p in shapes.partitions_of(d, opts.partitions, f"{prefix}_DEVICE_{i}")
+                )
+            self._healthy[resource.name] = devices
         return devices
 
-    def snapshot(self, resource: ResourceConfig[FakeOptions], health: Mapping[str, Health]) -> DeviceSnapshot:
+    def _counter_sets(self, resource: ResourceConfig[FakeOptions]) -> tuple[CounterSet, ...]:
+        opts = resource.options
+        if not opts.partitions or resource.api != "dra":
+            return ()
+        cls = resource_class(resource.name)
+        return tuple(shapes.counter_set(f"{cls}-{i}", opts.partitions) for i in range(opts.count))
+
+    # -- per-claim configuration (ClaimConfigurable) --
+
+    def claim_config_type(self, resource: str) -> type[FakeClaimConfig]:
+        return FakeClaimConfig
+
+    def claim_config_kind(self, resource: str) -> str:
+        return KIND
+
+    def configure(self, resource: str, device: Device, config: FakeClaimConfig) -> Configured:
+        # The device's own variable, FAKE_<CLASS>_DEVICE_<N>: its mode goes beside it.
+        return Configured(shaped(device, config, f"{env_prefix(resource)}_DEVICE_{device.id.rpartition('-')[2]}"))
+
+    def snapshot(self, resource: ResourceConfig[FakeOptions], health: Mapping[str, DeviceHealth]) -> DeviceSnapshot:
         devices = self._devices(resource)
         if health:
-            devices = tuple(self._with_health(resource.name, d, health.get(d.id, Health.HEALTHY)) for d in devices)
-        return DeviceSnapshot(resource=resource.name, devices=devices, ids_env=f"{env_prefix(resource.name)}_DEVICES")
+            # A partition is as healthy as its whole device (attribute "whole").
+            devices = tuple(
+                self._with_health(resource.name, d, health.get(d.id) or health.get(str(d.attribute("whole", d.id)), HEALTHY))
+                for d in devices
+            )
+        return DeviceSnapshot(
+            resource=resource.name,
+            devices=devices,
+            ids_env=f"{env_prefix(resource.name)}_DEVICES",
+            counter_sets=self._counter_sets(resource),
+        )
 
-    def _with_health(self, resource: str, device: Device, health: Health) -> Device:
-        if health is Health.HEALTHY:
+    def _with_health(self, resource: str, device: Device, health: DeviceHealth) -> Device:
+        if health == HEALTHY:
             return device
-        key = (resource, device.id)
-        unhealthy = self._unhealthy.get(key)
-        if unhealthy is None:
-            unhealthy = self._unhealthy[key] = attrs.evolve(device, health=health)
-        return unhealthy
+        key = (resource, device.id, health)
+        changed = self._changed.get(key)
+        if changed is None:
+            changed = self._changed[key] = attrs.evolve(device, health=health[0], health_cause=health[1])
+        return changed
 
     async def run(self, sink: SnapshotSink) -> None:
         watched = [(r, r.options.health_file) for r in self.resources if r.options.health_file is not None]
@@ -152,7 +244,7 @@ class FakeBackend:
                 sink.publish(snap)
             await asyncio.gather(*(self._watch(r, path, w, sink, published[r.name]) for (r, path), w in zip(watched, watches)))
 
-    async def _health(self, resource: ResourceConfig[FakeOptions]) -> Mapping[str, Health] | None:
+    async def _health(self, resource: ResourceConfig[FakeOptions]) -> Mapping[str, DeviceHealth] | None:
         """The health file's content, or None when it is broken (logged; the caller keeps the last state)."""
         path = resource.options.health_file
         if path is None:
@@ -188,3 +280,44 @@ class FakeBackend:
             if snap != last:
                 last = snap
                 sink.publish(snap)
+
+
+class PreparingFakeBackend(FakeBackend):
+    """The fake backend with a visible preparation (``prepared_dir``): Preparer and Unpreparer."""
+
+    def _marker(self, resource: str, device_id: str) -> Path | None:
+        folder = next((r.options.prepared_dir for r in self.resources if r.name == resource), None)
+        if folder is None or "/" in device_id or device_id in ("", ".", ".."):
+            return None
+        return Path(folder) / device_id
+
+    async def prepare(self, resource: str, devices: Sequence[Device]) -> Sequence[Device]:
+        for device in devices:
+            marker = self._marker(resource, device.id)
+            if marker is not None:
+                await asyncio.to_thread(_mark, marker)
+        return devices
+
+    def release_interval(self, resource: str) -> float | None:
+        return None
+
+    async def releasable(self, resource: str) -> Sequence[str]:
+        return []
+
+    async def unprepare(self, resource: str, device_ids: Sequence[str]) -> None:
+        for device_id in device_ids:
+            marker = self._marker(resource, device_id)
+            if marker is not None:
+                marker.unlink(missing_ok=True)
+
+
+def _mark(marker: Path) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("prepared\n")
+
+
+def create(resources: Sequence[ResourceConfig[FakeOptions]], world: World) -> FakeBackend:
+    """A :class:`PreparingFakeBackend` when some resource has ``prepared_dir``, else a plain one."""
+    if any(r.options.prepared_dir is not None for r in resources):
+        return PreparingFakeBackend(resources, world)
+    return FakeBackend(resources, world)

@@ -3,7 +3,14 @@
 Options (``cdiplug_backends.nvidia.options``): ``selectors`` split a node's GPUs into several resources
 (model glob, memory range, UUIDs, indices; the first resource that selects a GPU gets it; none:
 every GPU), ``fail_on_init_error``, ``driver_root``/``driver_files``, ``ignored_xids``,
-``reprobe_interval_s``, ``clean_probes``, ``replica_strategy``.
+``reprobe_interval_s``, ``clean_probes``, ``replica_strategy``, ``mig_profiles``, ``shared`` (DRA: whole GPUs
+several claims share by memory, KEP-5075, the share told in ``CDIPLUG_GPU_MEMORY_<index>``).
+
+MIG (:mod:`.mig`): a GPU with MIG mode on is never advertised whole; the MIG devices that exist
+on it (cdiplug never creates, destroys or changes them) go to resources with ``mig_profiles``
+(one resource per profile, ``nvidia.com/mig-1g.10gb``, as NVIDIA's ``mig.strategy: mixed``; or
+``["*"]``), by MIG UUID, each with its parent's device node and its ``/dev/nvidia-caps`` nodes;
+under DRA each parent GPU is a counter set its MIG devices consume.
 
 Device ID = the GPU UUID. Each GPU brings ``/dev/nvidia<minor>``; the resource adds the control
 nodes found under ``--dev-root`` and sets ``NVIDIA_VISIBLE_DEVICES`` to the allocated UUIDs.
@@ -20,7 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from cdiplug.backend import BackendPlugin
+from cdiplug.sdk import BackendPlugin
 
 from .backend import NvidiaBackend
 from .cdi_kind import NVIDIA_OWNED_KINDS, default_cdi_kind, default_dra_driver
@@ -28,7 +35,7 @@ from .options import GpuSelector, NvidiaOptions, ReplicaStrategy
 
 
 def make_plugin(nvml: Any = None, **backend_options: Any) -> BackendPlugin[NvidiaOptions]:
-    """The plugin, with an NVML-like module of your own (``cdiplug.testing.FakeNvml``; None: pynvml)."""
+    """The plugin, with an NVML-like module of your own (``cdiplug_backends.nvidia.testing.FakeNvml``; None: pynvml)."""
     return BackendPlugin(
         name="nvidia",
         options_type=NvidiaOptions,

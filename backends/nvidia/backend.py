@@ -16,21 +16,56 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from cdiplug.backend import SnapshotSink
-from cdiplug.errors import BackendInitError
-from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, PreferredRequest
-from cdiplug.replicas import underlying
-from cdiplug.resource import ResourceConfig
-from cdiplug.world import World
+from cdiplug.sdk import (
+    Backend,
+    BackendInitError,
+    ClaimConfigurable,
+    Configured,
+    ContainerEdits,
+    Device,
+    DeviceSnapshot,
+    HealthCause,
+    ModelLabels,
+    PairwiseAffinity,
+    PreferredAllocator,
+    PreferredRequest,
+    ResourceConfig,
+    SnapshotSink,
+    World,
+    underlying,
+)
 
-from . import topology
+from . import claim_config, topology
 from .cdi_kind import clash_problem
-from .discovery import Gpu, Inventory, assign, build_snapshot, control_nodes, discover, node_present
+from .discovery import (
+    Gpu,
+    Inventory,
+    assign,
+    assign_migs,
+    build_mig_snapshot,
+    build_snapshot,
+    control_nodes,
+    discover,
+    model_labels,
+    node_present,
+)
 from .driver import driver_mounts
-from .health import DEFAULT_WAIT_MS, EventWatcher, HealthTracker, Verdict, classify, probe_gpu
+from .health import (
+    DEFAULT_WAIT_MS,
+    NO_XID_EVENTS,
+    NODE_MISSING,
+    EventWatcher,
+    HealthTracker,
+    Verdict,
+    classify,
+    probe_cause,
+    probe_gpu,
+    xid_cause,
+)
+from .mig import MigInfo
 from .nvml import Nvml, NvmlError, NvmlEvent, NvmlUnavailable
 from .options import NvidiaOptions
 
@@ -39,7 +74,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class NvidiaBackend:
+class NvidiaBackend(Backend, PreferredAllocator, PairwiseAffinity, ModelLabels, ClaimConfigurable[claim_config.GpuClaimConfig]):
     """Serves every resource configured with ``backend: nvidia`` (one NVML session for all)."""
 
     def __init__(
@@ -52,11 +87,13 @@ class NvidiaBackend:
     ) -> None:
         self.resources = tuple(resources)
         self.world = world
-        self.nvml_module = nvml  # an NVML-like module (pynvml, cdiplug.testing.FakeNvml); None: pynvml
+        self.nvml_module = nvml  # an NVML-like module (pynvml, cdiplug_backends.nvidia.testing.FakeNvml); None: pynvml
         self.event_wait_ms = event_wait_ms
         self._options: dict[str, NvidiaOptions] = {r.name: r.options for r in self.resources}
         self._gpus: dict[str, tuple[Gpu, ...]] = {r.name: () for r in self.resources}
-        self._owner: dict[str, str] = {}
+        self._owner: dict[str, str] = {}  # GPU UUID -> the first resource it serves
+        self._owners: dict[str, tuple[str, ...]] = {}  # GPU UUID -> every resource it serves (MIG: several)
+        self._migs: dict[str, tuple[tuple[Gpu, MigInfo, ContainerEdits], ...]] = {}
         self._trackers = {r.name: HealthTracker(r.options.clean_probes) for r in self.resources}
         self._common: dict[str, ContainerEdits] = {}
         self._skipped: tuple[tuple[str, str], ...] = ()
@@ -93,7 +130,7 @@ class NvidiaBackend:
             await self._adopt(nvml, inventory)
             for name in self._gpus:
                 self._publish(name)
-            everything = [g for gpus in self._gpus.values() for g in gpus]
+            everything = list({g.uuid: g for gpus in self._gpus.values() for g in gpus}.values())  # a MIG GPU: once
             if everything:
                 watcher = EventWatcher(
                     nvml, everything, self._from_thread(self._on_event), self._from_thread(self._on_error), self.event_wait_ms
@@ -104,7 +141,7 @@ class NvidiaBackend:
                     log.error("cannot watch NVML events (%s); GPU health comes from probing only", exc)
                     watcher, failed = None, {}
                 for uuid, why in failed.items():
-                    self._mark(uuid, why)
+                    self._mark(uuid, why, NO_XID_EVENTS)
             async with asyncio.TaskGroup() as tasks:
                 for name, gpus in self._gpus.items():
                     if gpus:
@@ -115,14 +152,28 @@ class NvidiaBackend:
 
     def preferred_allocation(self, resource: str, snapshot: DeviceSnapshot, request: PreferredRequest) -> Sequence[str] | None:
         options = self._options.get(resource)
-        if options is None or not self._gpus.get(resource):
-            return None
+        if options is None or options.mig_profiles or not self._gpus.get(resource):
+            return None  # MIG devices: no GPU topology between them to prefer by
         return topology.preferred(request, self._topology.score, options.replica_strategy)
 
     def affinity(self, resource: str, a: Device, b: Device) -> float:
         return float(self._topology.score(underlying(a.id), underlying(b.id)))
 
+    def model_labels(self, resource: str, snapshot: DeviceSnapshot) -> Mapping[str, str | int]:
+        return model_labels(snapshot)
+
     # --- start and stop ----------------------------------------------------------------------
+
+    # -- per-claim configuration (ClaimConfigurable): sharing through env only (claim_config) --
+
+    def claim_config_type(self, resource: str) -> type[claim_config.GpuClaimConfig]:
+        return claim_config.GpuClaimConfig
+
+    def claim_config_kind(self, resource: str) -> str:
+        return claim_config.KIND
+
+    def configure(self, resource: str, device: Device, config: claim_config.GpuClaimConfig) -> Configured:
+        return claim_config.configure(device, config)
 
     async def _without_gpus(self, problem: str, cause: NvmlError) -> None:
         """No NVML or no GPU list: fail where asked to, else empty snapshots and wait."""
@@ -138,7 +189,22 @@ class NvidiaBackend:
         if not inventory.gpus:
             self._refuse_or_warn([r.name for r in self.resources], "NVML found no GPU on this node")
         self._gpus = assign(inventory.gpus, self.resources)
-        self._owner = {g.uuid: name for name, gpus in self._gpus.items() for g in gpus}
+        self._migs = assign_migs(inventory.gpus, self.resources)
+        owners: dict[str, list[str]] = {}
+        for name, gpus in self._gpus.items():
+            for g in gpus:
+                owners.setdefault(g.uuid, []).append(name)
+        self._owners = {uuid: tuple(names) for uuid, names in owners.items()}
+        self._owner = {uuid: names[0] for uuid, names in self._owners.items()}
+        whole = [
+            g
+            for g in inventory.gpus
+            if g.mig_on and any(not r.options.mig_profiles and r.options.selects(g.info) for r in self.resources)
+        ]
+        self._skipped = (
+            *self._skipped,
+            *((g.uuid, "MIG mode is on: served as its MIG devices (mig_profiles), never whole") for g in whole),
+        )
         if inventory.gpus:
             empty = [name for name, gpus in self._gpus.items() if not gpus]
             if empty:
@@ -155,7 +221,7 @@ class NvidiaBackend:
         self._common = await asyncio.to_thread(self._common_edits)
         missing = await asyncio.to_thread(lambda: [g for g in chosen if not node_present(self.world, g.device_path)])
         for gpu in missing:
-            self._mark(gpu.uuid, f"device node {gpu.device_path} is missing", publish=False)
+            self._mark(gpu.uuid, f"device node {gpu.device_path} is missing", NODE_MISSING, publish=False)
 
     def _refuse_or_warn(self, names: list[str], problem: str, cause: NvmlError | None = None) -> None:
         """BackendInitError when one of ``names`` sets fail_on_init_error, else one warning line."""
@@ -208,7 +274,7 @@ class NvidiaBackend:
         elif verdict is Verdict.UNHEALTHY:
             log.error("XID %d on GPU %s: marking it Unhealthy", event.data, event.uuid, extra={"resource": owner})
             assert event.uuid is not None  # classify calls an event UNHEALTHY only for a GPU it names
-            self._mark(event.uuid, f"XID {event.data}")
+            self._mark(event.uuid, f"XID {event.data}", xid_cause(event.data))
         elif event.is_xid and owner:
             log.info("XID %d on GPU %s ignored (application error)", event.data, event.uuid, extra={"resource": owner})
 
@@ -221,13 +287,11 @@ class NvidiaBackend:
             if self._gpus.get(name):
                 event.set()
 
-    def _mark(self, uuid: str, reason: str, publish: bool = True) -> None:
-        owner = self._owner.get(uuid)
-        if owner is None:
-            return
-        self._trackers[owner].mark_unhealthy(uuid, reason)
-        if publish:
-            self._publish(owner)
+    def _mark(self, uuid: str, reason: str, cause: HealthCause, publish: bool = True) -> None:
+        for owner in self._owners.get(uuid, ()):  # a MIG GPU: every resource of its MIG devices
+            self._trackers[owner].mark_unhealthy(uuid, reason, cause)
+            if publish:
+                self._publish(owner)
 
     async def _reprobe_loop(self, name: str) -> None:
         """Ask unhealthy GPUs again every interval; every GPU when an event asks for it."""
@@ -254,7 +318,7 @@ class NvidiaBackend:
                     if tracker.probe_passed(gpu.uuid):
                         log.info("GPU %s answers cleanly again: marking it Healthy", gpu.uuid, extra={"resource": name})
                         changed = True
-                elif tracker.probe_failed(gpu.uuid, problem):
+                elif tracker.probe_failed(gpu.uuid, problem, probe_cause(problem)):
                     log.error("GPU %s failed a probe (%s): marking it Unhealthy", gpu.uuid, problem, extra={"resource": name})
                     changed = True
             if changed:
@@ -263,12 +327,23 @@ class NvidiaBackend:
     # --- snapshots -----------------------------------------------------------------------------
 
     def snapshot(self, name: str) -> DeviceSnapshot:
+        if self._options[name].mig_profiles:
+            return build_mig_snapshot(
+                name,
+                self._migs.get(name, ()),
+                self._trackers[name].health_map(),
+                self._common.get(name, ContainerEdits()),
+                self._skipped,
+                causes=self._trackers[name].causes(),
+            )
         return build_snapshot(
             name,
             self._gpus.get(name, ()),
             self._trackers[name].health_map(),
             self._common.get(name, ContainerEdits()),
             self._skipped,
+            causes=self._trackers[name].causes(),
+            shared=self._options[name].shared,
         )
 
     def _publish(self, name: str) -> None:

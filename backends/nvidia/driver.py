@@ -17,8 +17,7 @@ import logging
 import os
 from pathlib import Path, PurePosixPath
 
-from cdiplug.model import Mount
-from cdiplug.world import World
+from cdiplug.sdk import Mount, World
 
 from .options import NvidiaOptions
 

@@ -22,8 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from attrs import define, field, frozen
 
-from cdiplug.model import Health
-from cdiplug.world import World
+from cdiplug.sdk import Backoff, Health, HealthCause, World
 
 from .discovery import Gpu, node_present
 from .nvml import Nvml, NvmlError, NvmlEvent
@@ -31,7 +30,8 @@ from .nvml import Nvml, NvmlError, NvmlEvent
 log = logging.getLogger(__name__)
 
 DEFAULT_WAIT_MS = 500
-ERROR_BACKOFF_S = 1.0
+ERROR_BACKOFF_S = 1.0  # the first pause after a failed wait, doubling while it keeps failing
+ERROR_BACKOFF_MAX_S = 30.0
 
 
 class Verdict(enum.Enum):
@@ -51,10 +51,22 @@ def classify(event: NvmlEvent, known: Collection[str], ignored_xids: Collection[
     return Verdict.UNHEALTHY
 
 
+# The causes a GPU is Unhealthy for (DRA taints cdiplug.dev/<name>=<code>, README "Device taints").
+PROBE_FAILED = HealthCause("gpu-probe-failed")  # NVML did not answer for it
+NODE_MISSING = HealthCause("gpu-node-missing")  # its /dev/nvidiaN is gone
+NO_XID_EVENTS = HealthCause("gpu-no-xid-events")  # NVML would not watch its XIDs
+
+
+def xid_cause(xid: int) -> HealthCause:
+    """A critical XID: ``xid=<number>``."""
+    return HealthCause("xid", str(xid))
+
+
 @frozen
 class _Bad:
     reason: str
     clean: int = 0
+    cause: HealthCause = PROBE_FAILED
 
 
 @define
@@ -70,6 +82,10 @@ class HealthTracker:
     def health_map(self) -> dict[str, Health]:
         return {uuid: Health.UNHEALTHY for uuid in self._bad}
 
+    def causes(self) -> dict[str, HealthCause]:
+        """Why each Unhealthy GPU is (DRA taints)."""
+        return {uuid: bad.cause for uuid, bad in self._bad.items()}
+
     def reason(self, uuid: str) -> str | None:
         bad = self._bad.get(uuid)
         return bad.reason if bad else None
@@ -77,10 +93,10 @@ class HealthTracker:
     def unhealthy(self) -> list[str]:
         return list(self._bad)
 
-    def mark_unhealthy(self, uuid: str, reason: str) -> bool:
+    def mark_unhealthy(self, uuid: str, reason: str, cause: HealthCause = PROBE_FAILED) -> bool:
         """Unhealthy now, clean count restarted; True when it was Healthy."""
         was_healthy = uuid not in self._bad
-        self._bad[uuid] = _Bad(reason)
+        self._bad[uuid] = _Bad(reason, cause=cause)
         return was_healthy
 
     def probe_passed(self, uuid: str) -> bool:
@@ -91,12 +107,21 @@ class HealthTracker:
         if bad.clean + 1 >= self.clean_needed:
             del self._bad[uuid]
             return True
-        self._bad[uuid] = _Bad(bad.reason, bad.clean + 1)
+        self._bad[uuid] = _Bad(bad.reason, bad.clean + 1, bad.cause)
         return False
 
-    def probe_failed(self, uuid: str, reason: str) -> bool:
-        """A failed probe: Unhealthy (clean count restarted); True when it was Healthy."""
-        return self.mark_unhealthy(uuid, reason)
+    def probe_failed(self, uuid: str, reason: str, cause: HealthCause = PROBE_FAILED) -> bool:
+        """A failed probe: Unhealthy (clean count restarted); True when it was Healthy.
+
+        A GPU already Unhealthy keeps its cause: the XID that took it down says more than the
+        probes that keep it down."""
+        bad = self._bad.get(uuid)
+        return self.mark_unhealthy(uuid, reason, cause if bad is None else bad.cause)
+
+
+def probe_cause(problem: str) -> HealthCause:
+    """The cause of what :func:`probe_gpu` found."""
+    return NODE_MISSING if problem.startswith("device node ") else PROBE_FAILED
 
 
 def probe_gpu(nvml: Nvml, world: World, gpu: Gpu) -> str | None:
@@ -156,6 +181,8 @@ class EventWatcher:
             return failed
 
     def _run(self) -> None:
+        # A wait that keeps failing must not spin; stop() interrupts the pause.
+        backoff = Backoff(ERROR_BACKOFF_S, ERROR_BACKOFF_MAX_S)
         while not self._stop.is_set():
             try:
                 event = self.nvml.wait(self._event_set, self.wait_ms)
@@ -163,14 +190,14 @@ class EventWatcher:
                 if self._stop.is_set():
                     break
                 self.on_error(str(exc))
-                # A wait that keeps failing must not spin; stop() interrupts the pause.
-                self._stop.wait(ERROR_BACKOFF_S)
+                self._stop.wait(next(backoff))
                 continue
             except Exception:
                 log.exception("the NVML event thread failed unexpectedly")
                 self.on_error("the NVML event thread failed unexpectedly")
-                self._stop.wait(ERROR_BACKOFF_S)
+                self._stop.wait(next(backoff))
                 continue
+            backoff.reset()
             if event is not None and not self._stop.is_set():
                 self.on_event(event)
 

@@ -1,6 +1,6 @@
 """The one seam to NVML: the only module of cdiplug that calls pynvml (or a stand-in for it).
 
-It takes an NVML-like module (``world.nvml``: ``pynvml`` itself or ``cdiplug.testing.FakeNvml``)
+It takes an NVML-like module (``world.nvml``: ``pynvml`` itself or ``cdiplug_backends.nvidia.testing.FakeNvml``)
 or imports ``pynvml`` lazily, calls it by pynvml's function names, and turns what comes back into
 plain values (:class:`GpuInfo`, :class:`NvmlEvent`, bus IDs in sysfs spelling). Every NVML error
 becomes an :class:`NvmlError` here, raised ``from`` the original; a failed ``nvmlInit`` becomes
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from attrs import frozen
 
-from cdiplug.errors import BackendError
+from cdiplug.sdk import BackendError
 
 T = TypeVar("T")
 

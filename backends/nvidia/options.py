@@ -11,6 +11,8 @@
     reprobe_interval_s: 30          # how often unhealthy GPUs are asked again
     clean_probes: 3                 # consecutive clean probes before Healthy again
     replica_strategy: spread        # with replicas > 1: spread over GPUs, or pack onto few
+    mig_profiles: []                # ["1g.10gb"] or ["*"]: the MIG devices that exist on GPUs with MIG on
+    shared: false                   # DRA: several claims per GPU, each taking part of its memory
 ```
 
 A selector's ``model`` is a glob over the NVML name (case-insensitive); ``memory_min`` and
@@ -29,7 +31,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from cdiplug.config import converter, register_enum
+from cdiplug.sdk import CheckedOptions, converter, register_enum
 
 from .nvml import GpuInfo
 
@@ -63,6 +65,7 @@ _UNITS = {
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
     "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4,
 }  # fmt: skip
+_MIG_PROFILE = re.compile(r"[1-8]g\.[0-9]{1,4}gb")
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -136,7 +139,7 @@ class GpuSelector:
 
 
 @frozen
-class NvidiaOptions:
+class NvidiaOptions(CheckedOptions):
     selectors: tuple[GpuSelector, ...] = ()
     fail_on_init_error: bool = False
     driver_root: Path | None = None
@@ -145,6 +148,16 @@ class NvidiaOptions:
     reprobe_interval_s: float = 30.0
     clean_probes: int = 3
     replica_strategy: ReplicaStrategy = ReplicaStrategy.SPREAD
+    # MIG devices that exist on the selected GPUs with MIG mode on, by profile ("1g.10gb"; "*":
+    # every one); empty: whole GPUs with MIG off only. cdiplug never changes MIG (.mig).
+    mig_profiles: tuple[str, ...] = ()
+    # DRA: each whole GPU may be allocated to several claims at once, each taking part of its
+    # memory (KEP-5075: 1GiB when a claim asks none, in whole GiB); only the scheduler's
+    # accounting: nothing on the GPU enforces it (the container learns its share in env).
+    shared: bool = False
+
+    def takes_mig(self, profile: str) -> bool:
+        return "*" in self.mig_profiles or profile in self.mig_profiles
 
     def selects(self, gpu: GpuInfo) -> bool:
         """No selectors: every GPU; else any selector that matches."""
@@ -159,6 +172,11 @@ class NvidiaOptions:
                 yield f"ignored_xids[{i}]", f"an XID is 0 or more, got {xid}"
         if not self.reprobe_interval_s > 0:
             yield "reprobe_interval_s", f"must be more than 0, got {self.reprobe_interval_s}"
+        for i, profile in enumerate(self.mig_profiles):
+            if profile != "*" and not _MIG_PROFILE.fullmatch(profile):
+                yield f"mig_profiles[{i}]", f"a MIG profile is <slices>g.<memory>gb (1g.10gb) or *, got {profile!r}"
+        if self.shared and self.mig_profiles:
+            yield "shared", "MIG devices are not shared by memory; share whole GPUs (mig_profiles empty)"
         if self.clean_probes < 1:
             yield "clean_probes", f"must be at least 1, got {self.clean_probes}"
         if self.driver_root is not None and not self.driver_root.is_absolute():

@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from attrs import field, frozen
 
-from cdiplug.model import PreferredRequest
-from cdiplug.replicas import underlying
+from cdiplug.sdk import PreferredRequest, underlying
 
 from .discovery import Gpu
 from .nvml import Nvml, NvmlError, PcieLevel

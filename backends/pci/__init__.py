@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from cdiplug.backend import BackendPlugin
+from cdiplug.sdk import BackendPlugin
 
 from .backend import PciBackend
 from .hotplug import UdevMonitor

@@ -12,10 +12,10 @@
 4. follows link state through netlink for resources with ``link_health`` (a network function
    whose interface is down is Unhealthy),
 5. names, for resources with ``release: restore``, the functions it bound that may go back to
-   their original driver (``release``; the :class:`~cdiplug.backend.Unpreparer` ability: the
-   front ends decide when a device is free, ``unprepare`` restores it).
+   their original driver (``release``; the :class:`~cdiplug.sdk.ReleasePoller` ability: the
+   front ends decide when a device is free, ``unprepare`` restores it, the ``Unpreparer`` ability).
 
-``prepare`` (the :class:`~cdiplug.backend.Preparer` ability) binds a device's whole IOMMU group
+``prepare`` (the :class:`~cdiplug.sdk.Preparer` ability) binds a device's whole IOMMU group
 to vfio-pci after the safety checks (``safety``), then rescans so the new driver shows, and
 returns the devices as found then. The host calls it one group at a time across all resources
 (its per-group locks); an ``flock`` per group in the state folder keeps ``cdiplug vfio`` at a
@@ -33,12 +33,28 @@ from pathlib import Path
 from attrs import frozen
 from pyroute2.netlink.exceptions import NetlinkError
 
-from cdiplug.backend import SnapshotSink
-from cdiplug.errors import BackendError, CdiplugError, PreparationError
-from cdiplug.model import Device, DeviceSnapshot
-from cdiplug.resource import ResourceConfig
-from cdiplug.world import World
+from cdiplug.sdk import (
+    Backend,
+    BackendError,
+    CdiplugError,
+    ClaimConfigurable,
+    Configured,
+    Device,
+    DeviceSnapshot,
+    InvalidRequest,
+    ModelLabels,
+    PreparationError,
+    Preparer,
+    ReleasePoller,
+    ResourceConfig,
+    SnapshotSink,
+    Unpreparer,
+    World,
+)
 
+from .claim_config import KIND, PciClaimConfig
+from .claim_config import admin_access as admin_claim
+from .claim_config import configure as configure_claim
 from .discovery import (
     Recorded,
     Selection,
@@ -71,7 +87,7 @@ class ScanState:
     recorded: Mapping[str, BoundRecord]
 
 
-class PciBackend:
+class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable[PciClaimConfig], ModelLabels):
     """The ``pci`` backend (see the module docstring)."""
 
     def __init__(
@@ -296,6 +312,37 @@ class PciBackend:
             raise
         except CdiplugError as exc:
             raise PreparationError(address, str(exc)) from exc
+
+    # -- per-claim configuration (ClaimConfigurable; claim_config) --------------------------------
+
+    def claim_config_type(self, resource: str) -> type[PciClaimConfig]:
+        return PciClaimConfig
+
+    def claim_config_kind(self, resource: str) -> str:
+        return KIND
+
+    def configure(self, resource: str, device: Device, config: PciClaimConfig) -> Configured:
+        options = self.options.get(resource)
+        if options is None:
+            raise InvalidRequest(f"resource {resource} is not served by the PCI backend")
+        return configure_claim(resource, options, device, config)
+
+    def admin_access(self, resource: str, device: Device) -> Configured:
+        options = self.options.get(resource)
+        if options is None:
+            raise InvalidRequest(f"resource {resource} is not served by the PCI backend")
+        return admin_claim(options, device)
+
+    # -- node labels (ModelLabels) ------------------------------------------------------------------
+
+    def model_labels(self, resource: str, snapshot: DeviceSnapshot) -> Mapping[str, str | int]:
+        """The PCI vendor and device IDs (``0x10de``), when every function of the resource has the same."""
+        values = [dict(d.attributes) for d in snapshot.devices]
+        return {
+            key: value
+            for key in ("vendor", "device")
+            if values and isinstance(value := values[0].get(key), str) and all(v.get(key) == value for v in values)
+        }
 
     # -- release (Unpreparer) -----------------------------------------------------------------------
 

@@ -25,8 +25,16 @@ from fnmatch import fnmatchcase
 
 from attrs import field, frozen
 
-from cdiplug.model import AttributeValue, ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
-from cdiplug.resource import ResourceConfig
+from cdiplug.sdk import (
+    AttributeValue,
+    ContainerEdits,
+    Device,
+    DeviceNode,
+    DeviceSnapshot,
+    Health,
+    HealthCause,
+    ResourceConfig,
+)
 
 from .options import PciOptions, Selector, parse_hex
 from .sysfs import PciFunction, PciTopology
@@ -56,6 +64,8 @@ class Selection:
 
 # The attribute Kubernetes standardised for "devices on the same PCIe root" (KEP-5491).
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+# The standard attribute for a device's PCI address (``0000:3b:00.1``), what KubeVirt reads (KEP-5304).
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
 
 def ids_env(resource: str) -> str:
@@ -217,6 +227,10 @@ def _group_rule(
     return kept, members
 
 
+LINK_DOWN = HealthCause("link-down")
+"""Why a function is Unhealthy under ``link_health``: its network interface is down (DRA taint ``cdiplug.dev/link-down``)."""
+
+
 def to_snapshot(
     selection: Selection,
     options: PciOptions,
@@ -248,6 +262,7 @@ def to_snapshot(
             attributes["numa_node"] = fn.numa_node
         if fn.pcie_root is not None:
             attributes[PCIE_ROOT_ATTRIBUTE] = fn.pcie_root
+        attributes[PCI_BUS_ID_ATTRIBUTE] = fn.address
         if fn.subsystem_vendor is not None:
             attributes["subsystem"] = f"0x{fn.subsystem_vendor:04x}:0x{(fn.subsystem_device or 0):04x}"
         if group is not None:
@@ -266,6 +281,7 @@ def to_snapshot(
             Device(
                 id=fn.address,
                 health=Health.UNHEALTHY if fn.address in unhealthy else Health.HEALTHY,
+                health_cause=LINK_DOWN if fn.address in unhealthy else None,
                 numa_nodes=(fn.numa_node,) if fn.numa_node is not None else (),
                 edits=edits,
                 prepare_group=prepare_group,

@@ -2,7 +2,7 @@
 
 :class:`UdevWatch` takes a pyudev-like monitor (``fileno()``, ``poll(timeout)``, optional
 ``start()``): ``world.udev_monitor`` when the world gives one (tests pass
-``cdiplug.testing.sysfs.FakeUdevMonitor``), else a netlink monitor of PCI devices opened by
+``cdiplug_backends.pci.testing.FakeUdevMonitor``), else a netlink monitor of PCI devices opened by
 :func:`open_monitor` when ``--sysfs-root`` is a real sysfs (udev's own events where udevd runs,
 the kernel's otherwise). The descriptor is read through ``loop.add_reader``; nothing polls. Each
 batch is a list of ``(action, address)`` — add, remove, bind, unbind, change.

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -34,10 +33,7 @@ import cattrs
 from attrs import field, frozen
 from cattrs.v import format_exception
 
-from cdiplug.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
-from cdiplug.errors import BackendError, InputError
-from cdiplug.files import STATE_LIMIT, read_text
-from cdiplug.safeload import load_json
+from cdiplug.sdk import STATE_LIMIT, TEMP_SUFFIX, BackendError, decode_text, fsync_dir, load_json, statefile
 
 from .sysfs import check_address, check_driver, is_address
 
@@ -195,9 +191,9 @@ class Journal:
         self.ensure()
         data = json.dumps(_conv.unstructure(value), indent=1, sort_keys=True).encode()
         try:
-            write_atomic(path, data, STATE_FILE_MODE)
-        except OSError as exc:
-            raise JournalError(f"cannot write {what}: {exc.strerror}") from exc
+            statefile.write(path, data, what, STATE_FILE_MODE)
+        except statefile.StateFileError as exc:
+            raise JournalError(str(exc)) from exc
 
     def _load(self, path: Path, cls: type[T], stem: Callable[[T], str]) -> T | None:
         """The value in ``path``; None when there is none or it is unusable (then moved aside).
@@ -206,29 +202,25 @@ class Journal:
         function (an entry for group 7 in ``5.json``) would be acted on under the wrong lock or
         restore a function cdiplug never bound, so it counts as unusable too.
         """
-        try:
-            # Bounded, never through a symlink, never a FIFO or a folder (cdiplug.files).
-            text = read_text(path, STATE_LIMIT, "state file", follow=False, missing_ok=True)
-            if text is None:
-                return None
-            value = _conv.structure(load_json(text, str(path)), cls)
+
+        def parse(data: bytes) -> T:
+            try:
+                value = _conv.structure(load_json(decode_text(data, str(path), "state file"), str(path)), cls)
+            except cattrs.BaseValidationError as exc:
+                raise ValueError("; ".join(cattrs.transform_error(exc, format_exception=_why))) from exc
             if f"{stem(value)}.json" != path.name:
                 raise ValueError(f"it belongs in {stem(value)}.json")
-        except (InputError, ValueError, TypeError, cattrs.BaseValidationError) as exc:
-            # A file we cannot understand (the validators check every address, group and driver
-            # name, as they become sysfs and state paths) must not stop the daemon for good: keep
-            # it for people to look at, under a name we never read again.
-            aside = path.with_name(path.name + f".corrupt-{int(time.time())}")
-            if isinstance(exc, cattrs.BaseValidationError):
-                why = "; ".join(cattrs.transform_error(exc, format_exception=_why))
-            else:
-                why = exc.message if isinstance(exc, InputError) else str(exc)
-            why = why if len(why) <= 300 else why[:300] + "…"
-            log.error("state file %s is unreadable (%s); moved aside to %s", path, why, aside.name)
-            with contextlib.suppress(OSError):
-                path.rename(aside)
+            return value
+
+        # Bounded, never through a symlink, never a FIFO or a folder; a file we cannot understand
+        # (the validators check every address, group and driver name, as they become sysfs and
+        # state paths) must not stop the daemon for good: cdiplug.toolkit.statefile moves it aside
+        # (``<name>.corrupt-<time>``, never read again) with the reason logged.
+        try:
+            return statefile.load(path, STATE_LIMIT, "state file", parse, lambda: None)
+        except statefile.StateFileError as exc:
+            log.error("%s", exc)
             return None
-        return value
 
     def clean_leftovers(self) -> list[Path]:
         """Remove the temporary files of writes that a dead process left (``.<name>.<pid>.<tid>.tmp``).

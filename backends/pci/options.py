@@ -28,7 +28,7 @@ from pathlib import Path
 from attrs import frozen
 from cattrs.gen import make_dict_structure_fn, override
 
-from cdiplug.config import converter, register_enum
+from cdiplug.sdk import CheckedOptions, converter, register_enum
 
 _HEX_ID = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 _HEX_CLASS = re.compile(r"^(0x)?[0-9a-fA-F]{1,6}$")
@@ -97,7 +97,7 @@ converter.register_structure_hook(
 
 
 @frozen
-class PciOptions:
+class PciOptions(CheckedOptions):
     """Options of one resource served by the PCI backend (see the module docstring)."""
 
     selectors: tuple[Selector, ...] = ()

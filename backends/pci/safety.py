@@ -28,7 +28,7 @@ from attrs import frozen
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from cdiplug.errors import DeviceInUse
+from cdiplug.sdk import DeviceInUse
 
 from .sysfs import PciFunction, PciSysfs
 

@@ -27,9 +27,7 @@ from pathlib import Path
 
 from attrs import field, frozen
 
-from cdiplug.brief import brief
-from cdiplug.errors import BackendError
-from cdiplug.model import MAX_NUMA_NODE
+from cdiplug.sdk import MAX_NUMA_NODE, BackendError, brief
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ error (not a crash) during a bind rolls back the functions touched so far and ra
 
 Everything here blocks (sysfs writes, fsync, ``flock``): the backend calls it through
 ``asyncio.to_thread``. Writes go through a writer object (``write(path, value)``), the real one
-here, :class:`cdiplug.testing.sysfs.FakeSysfsKernel` in unit tests. Test hook: the environment
+here, :class:`cdiplug_backends.pci.testing.FakeSysfsKernel` in unit tests. Test hook: the environment
 variable ``CDIPLUG_PCI_PAUSE_AFTER=<step>`` (a :class:`~cdiplug_backends.pci.journal.Step` value) makes a
 bind stop for good after taking that step, printing ``cdiplug-test-hook: paused after <step>`` to
 stderr, so an end-to-end test can kill the process mid-bind.
@@ -44,7 +44,7 @@ from typing import Protocol
 
 from attrs import evolve, frozen
 
-from cdiplug.errors import DeviceInUse, PreparationError
+from cdiplug.sdk import DeviceInUse, PreparationError
 
 from .journal import BoundRecord, Journal, JournalEntry, Op, PlannedFunction, Step
 from .sysfs import PciFunction, PciSysfs

@@ -11,8 +11,8 @@ two different IDs never share a key. The value is the comma-joined qualified CDI
 import re
 from collections.abc import Sequence
 
-from ..errors import CdiNameError
-from ..names import qualified_name_problem
+from cdiplug.errors import CdiNameError
+from cdiplug.models.names import qualified_name_problem
 
 PREFIX = "cdi.k8s.io/"
 MAX_NAME_LENGTH = 63

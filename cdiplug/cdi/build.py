@@ -2,7 +2,7 @@
 
 The boundary: :mod:`.spec` holds the spec's types and JSON form, :mod:`.version` the lowest
 version a spec needs, :mod:`.validate` the checks; this module turns our model into a spec and
-refuses one a runtime would reject. It is the only one of them that knows :mod:`cdiplug.model`.
+refuses one a runtime would reject. It is the only one of them that knows :mod:`cdiplug.models.devices`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import attrs
 
-from .. import model
-from ..errors import CdiError
-from ..names import check_kind, device_name
-from .spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, to_dict, to_json
-from .validate import check_document
-from .version import minimal_version
+from cdiplug.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, to_dict, to_json
+from cdiplug.cdi.validate import check_document
+from cdiplug.cdi.version import minimal_version
+from cdiplug.errors import CdiError
+from cdiplug.models import devices as model
+from cdiplug.models.names import cdi_device_name, check_kind
 
 
 def device_node(node: model.DeviceNode) -> DeviceNode:
@@ -78,7 +78,7 @@ def build_checked(kind: str, snapshot: model.DeviceSnapshot) -> tuple[Spec, dict
     devices: list[Device] = []
     owners: dict[str, str] = {}
     for d in snapshot.devices:
-        name = device_name(d.id)  # always a valid name; check_spec below checks it again
+        name = cdi_device_name(d.id)  # always a valid name; check_spec below checks it again
         if name in owners:
             raise CdiError(f"resource {snapshot.resource}: devices {owners[name]!r} and {d.id!r} both map to CDI name {name!r}")
         owners[name] = d.id

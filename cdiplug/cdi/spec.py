@@ -17,7 +17,7 @@ from typing import Any
 
 from attrs import NOTHING, field, fields, frozen
 
-from ..errors import CdiError
+from cdiplug.errors import CdiError
 
 
 def _pairs(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:

@@ -27,11 +27,11 @@ from typing import Any
 
 from attrs import frozen
 
-from ..errors import CdiError
-from ..names import device_name_problem, is_dns_subdomain, kind_problem
-from . import spec as cdispec
-from . import version as cdiversion
-from .annotations import is_valid_name
+from cdiplug.cdi import spec as cdispec
+from cdiplug.cdi import version as cdiversion
+from cdiplug.cdi.annotations import is_valid_name
+from cdiplug.errors import CdiError
+from cdiplug.models.names import device_name_problem, is_dns_subdomain, kind_problem
 
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 DEVICE_NODE_TYPES = ("b", "c", "u", "p")

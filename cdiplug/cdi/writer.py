@@ -1,7 +1,7 @@
 """Writes cdiplug's CDI spec files: one per kind, atomically, only when their content changes.
 
-File names are ``cdiplug-<vendor>-<class>.json`` in the CDI folder (DESIGN.md); the prefix marks
-the files cdiplug owns, so :meth:`SpecWriter.remove_stale` never touches anyone else's. A write is
+File names are ``cdiplug-<vendor>-<class>.json`` in the CDI folder (``docs/architecture.md``); the prefix marks
+the files cdiplug owns, so :meth:`SpecWriter.remove_stale` (:func:`.sweep.sweep`) never touches anyone else's. A write is
 a temporary file in the same folder (a name runtimes ignore: it does not end in ``.json``),
 fsync, rename over the old file, fsync the folder: a runtime sees the old spec or the new one,
 never half of one, and a failure leaves the old file as it was.
@@ -25,11 +25,12 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..atomic import TEMP_SUFFIX, make_dirs, write_atomic
-from ..errors import CdiError, InputError
-from ..files import read_bounded
-from ..model import DeviceSnapshot
-from ..names import spec_file_name
+from cdiplug.cdi.sweep import sweep
+from cdiplug.errors import CdiError, InputError
+from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.models.names import spec_file_name
+from cdiplug.toolkit.atomic import TEMP_SUFFIX, make_dirs, write_atomic
+from cdiplug.toolkit.files import read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class SpecWriter:
 
     def render(self, kind: str, snapshot: DeviceSnapshot) -> bytes:
         """The exact bytes :meth:`write` would write for ``snapshot``."""
-        from .build import render_spec  # on first use: building specs is not needed to start serving
+        from cdiplug.cdi.build import render_spec  # on first use: building specs is not needed to start serving
 
         return render_spec(kind, snapshot)
 
@@ -195,29 +196,16 @@ class SpecWriter:
         Returns the paths removed.
         """
         keep = {spec_file_name(k) for k in keep_kinds}
-        removed: list[Path] = []
+
+        def stale(name: str) -> bool:
+            ours = name.startswith(OWN_PREFIX) and not name.startswith(CLAIM_PREFIX) and name.endswith(".json")
+            leftover = name.startswith("." + OWN_PREFIX) and name.endswith(TEMP_SUFFIX)
+            return (ours and name not in keep) or leftover
+
         with self._lock:
-            try:
-                entries = list(os.scandir(self.cdi_dir))
-            except FileNotFoundError:
-                return []
-            except OSError as exc:
-                raise CdiError(f"cannot list CDI folder {self.cdi_dir}: {exc.strerror}") from exc
-            for entry in entries:
-                name = entry.name
-                ours = (
-                    name.startswith(OWN_PREFIX)
-                    and not name.startswith(CLAIM_PREFIX)
-                    and name.endswith(".json")
-                    and name not in keep
-                )
-                leftover = name.startswith("." + OWN_PREFIX) and name.endswith(TEMP_SUFFIX)
-                if not (ours or leftover) or not entry.is_file(follow_symlinks=False):
-                    continue
-                if _unlink(Path(entry.path)):
-                    removed.append(Path(entry.path))
+            removed = sweep(self.cdi_dir, stale)
             self._written = {k: w for k, w in self._written.items() if spec_file_name(k) in keep}
-        return sorted(removed)
+        return removed
 
     def _replace(self, path: Path, content: bytes) -> _Stamp:
         """Write ``content`` to a temporary file beside ``path`` and rename it over ``path``."""

@@ -17,19 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import signals
+from cdiplug.toolkit import signals
 
 if TYPE_CHECKING:
-    from ..world import World
-
-# Kept here rather than imported from cdiplug.world: importing it (attrs) before main() runs would
-# delay the early signal handlers of ``cdiplug serve`` (test_cli checks these stay equal).
-DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
-DEFAULT_CDI_DIR = Path("/var/run/cdi")
-DEFAULT_STATE_DIR = Path("/var/lib/cdiplug")
-DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
-DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+    from cdiplug.models.world import World
 
 EXIT_USAGE = 2
 
@@ -51,26 +42,49 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--config", help="configuration file (YAML); without it, the built-in default")
 
 
+def world_default(field: str) -> str:
+    """The default of a :class:`~cdiplug.models.world.World` folder, the one source of them.
+
+    Imported when a parser is built, not with this package: ``import cdiplug.cli`` stays free of
+    attrs until ``main`` has installed the early signal handlers.
+    """
+    import attrs
+
+    from cdiplug.models.world import World
+
+    return str(attrs.fields_dict(World)[field].default)
+
+
 def add_world_options(parser: argparse.ArgumentParser) -> None:
-    """The folders of DESIGN.md's command-line contract."""
-    add_option(parser, "--kubelet-dir", str(DEFAULT_KUBELET_DIR), help="kubelet device-plugin folder")
-    add_option(parser, "--cdi-dir", str(DEFAULT_CDI_DIR), help="folder for CDI specs")
-    add_option(parser, "--state-dir", str(DEFAULT_STATE_DIR), help="folder for cdiplug's own state")
-    add_option(parser, "--sysfs-root", "/sys", help="where sysfs is mounted")
-    add_option(parser, "--dev-root", "/", help="root under which /dev paths are looked up")
-    add_option(parser, "--pod-resources-socket", str(DEFAULT_POD_RESOURCES_SOCKET), help="kubelet pod-resources socket")
+    """The folders of the command-line contract (``docs/architecture.md``)."""
+    add_option(parser, "--kubelet-dir", world_default("kubelet_dir"), help="kubelet device-plugin folder")
+    add_option(parser, "--cdi-dir", world_default("cdi_dir"), help="folder for CDI specs")
+    add_option(parser, "--state-dir", world_default("state_dir"), help="folder for cdiplug's own state")
+    add_option(parser, "--sysfs-root", world_default("sysfs_root"), help="where sysfs is mounted")
+    add_option(parser, "--dev-root", world_default("dev_root"), help="root under which /dev paths are looked up")
+    add_option(parser, "--pod-resources-socket", world_default("pod_resources_socket"), help="kubelet pod-resources socket")
+
+
+KUBECONFIG_HELP = "kubeconfig file; without it, as kubectl: $KUBECONFIG, ~/.kube/config, then the in-cluster service account"
 
 
 def add_dra_options(parser: argparse.ArgumentParser) -> None:
     """The node and folders DRA needs (resources with ``api: dra``)."""
     add_option(parser, "--node-name", help="this node's name (default $NODE_NAME, else the host name)")
-    add_option(parser, "--kubeconfig", help="kubeconfig for the API server (default: in-cluster, else $KUBECONFIG)")
-    add_option(parser, "--plugins-registry-dir", str(DEFAULT_PLUGINS_REGISTRY_DIR), help="kubelet plugin registration folder")
-    add_option(parser, "--plugins-dir", str(DEFAULT_PLUGINS_DIR), help="kubelet plugins folder (DRA sockets)")
+    add_option(parser, "--kubeconfig", help=KUBECONFIG_HELP)
+    add_option(parser, "--plugins-registry-dir", world_default("plugins_registry_dir"), help="kubelet plugin registration folder")
+    add_option(parser, "--plugins-dir", world_default("plugins_dir"), help="kubelet plugins folder (DRA sockets)")
+    add_option(
+        parser,
+        "--pod-uid",
+        help="this pod's UID (metadata.uid): DRA sockets carry it, so an old and a new pod serve side by side",
+    )
 
 
 def world_from_args(args: argparse.Namespace) -> World:
-    from ..world import World, default_node_name
+    """The world of the command line; ConfigError for a bad ``--pod-uid``."""
+    from cdiplug.errors import ConfigError
+    from cdiplug.models.world import World, default_node_name, pod_uid_problem
 
     dra: dict[str, object] = {}
     if hasattr(args, "plugins_dir"):  # commands with add_dra_options
@@ -81,6 +95,11 @@ def world_from_args(args: argparse.Namespace) -> World:
             "plugins_registry_dir": Path(args.plugins_registry_dir),
             "plugins_dir": Path(args.plugins_dir),
         }
+        pod_uid = getattr(args, "pod_uid", None) or None
+        if pod_uid is not None:
+            if (problem := pod_uid_problem(pod_uid)) is not None:
+                raise ConfigError(f"--pod-uid (or $CDIPLUG_POD_UID): {problem}")
+            dra["pod_uid"] = pod_uid
     return World(
         kubelet_dir=Path(args.kubelet_dir),
         cdi_dir=Path(args.cdi_dir),
@@ -119,7 +138,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from .. import __version__
+    from cdiplug import __version__
 
     return __version__
 
@@ -129,9 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The process's own command line (never a caller's argv: a test's process keeps its
         # signals); cdiplug.__main__ did this earlier already. Before anything slow (building
         # the parser imports every subcommand): a SIGHUP or SIGTERM during start-up must not end
-        # the daemon uncleanly (cdiplug.signals).
+        # the daemon uncleanly (cdiplug.toolkit.signals).
         signals.install_early()
-    from ..errors import ConfigError
+    from cdiplug.errors import ConfigError
 
     words = sys.argv[1:] if argv is None else argv
     parser = build_parser(next((w for w in words if not w.startswith("-")), None))

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError, CdiError
-from ..world import DEFAULT_CDI_DIR, World
-from . import add_config_option, add_option
+from cdiplug.cli import add_config_option, add_option
+from cdiplug.errors import BackendError, CdiError
+from cdiplug.models.world import DEFAULT_CDI_DIR, World
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def generate(args: argparse.Namespace) -> int:
-    from ..cdi.writer import SpecWriter
-    from ..config import load_config
-    from ..discovery import discover_once
+    from cdiplug.cdi.writer import SpecWriter
+    from cdiplug.config import load_config
+    from cdiplug.discovery import discover_once
 
     config = load_config(args.config)
     world = World(cdi_dir=Path(args.output_dir), sysfs_root=Path(args.sysfs_root), dev_root=Path(args.dev_root))
@@ -76,7 +76,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    from ..cdi.validate import check_file
+    from cdiplug.cdi.validate import check_file
 
     problems = [p for f in args.files for p in check_file(f)]
     for problem in problems:
@@ -103,8 +103,8 @@ def list_devices(args: argparse.Namespace) -> int:
 
 def _read_specs(folder: Path) -> Iterator[tuple[Path, list[str] | str]]:
     """Each spec file of ``folder`` with its qualified device names, or why they cannot be read."""
-    from ..cdi.validate import load_document
-    from ..names import qualified_name_problem
+    from cdiplug.cdi.validate import load_document
+    from cdiplug.models.names import qualified_name_problem
 
     try:
         paths = sorted(p for p in folder.iterdir() if p.suffix in (".json", ".yaml") and p.is_file())

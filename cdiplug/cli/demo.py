@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from ..config import DEFAULT_CONFIG_YAML, Config, parse_config
-from ..errors import CdiplugError
-from ..world import World
+from cdiplug.config import DEFAULT_CONFIG_YAML, Config, parse_config
+from cdiplug.errors import CdiplugError
+from cdiplug.models.world import World
 
 STEP_TIMEOUT = 5.0  # seconds any one step may take; the whole demo takes well under one
 
@@ -86,9 +86,9 @@ def demo_world(folder: Path) -> World:
 
 async def demo(folder: Path, say: Callable[[str], Any]) -> None:
     """Run the experiment in ``folder``, reporting each step through ``say``; raises DemoFailed."""
-    from ..testing.daemon import running_daemon
-    from ..testing.kubelet import KubeletStandIn
-    from ..testing.kubelet_records import PodPhase
+    from cdiplug.testing.daemon import running_daemon
+    from cdiplug.testing.kubelet import KubeletStandIn
+    from cdiplug.testing.kubelet_records import PodPhase
 
     health = folder / "health.yaml"
     config = demo_config(health)
@@ -127,7 +127,7 @@ async def demo(folder: Path, say: Callable[[str], Any]) -> None:
 def cdi_summary(cdi_dir: Path, kind: str, pods: list[Any]) -> str:
     """Where the CDI spec is and what it holds, once the CDI writer exists."""
     try:
-        from ..cdi.writer import SpecWriter
+        from cdiplug.cdi.writer import SpecWriter
     except ImportError:
         return "CDI spec: not written (this build has no CDI writer)"
     path = SpecWriter(cdi_dir).path_for(kind)

@@ -1,10 +1,13 @@
-"""``cdiplug discover [--config FILE] [-o table|json|yaml]``: what every resource would advertise.
+"""``cdiplug discover [--config FILE] [--configuration NAME] [-o table|json|yaml]``: what every resource would advertise.
 
 Runs each configured backend once, as ``cdiplug serve`` would (without serving), and prints per
 resource every device with its health, NUMA nodes, preparation group and device nodes, then every
 device a backend found but will not advertise, with the reason (``DeviceSnapshot.skipped``: an
-IOMMU group shared with a function nobody selected, a denylisted address, ...). ``-o json`` and
-``-o yaml`` print the same as data. Exit status 1 when a backend fails, 2 for bad configuration.
+IOMMU group shared with a function nobody selected, a denylisted address, ...), and the node
+labels it would write (``cdiplug.dev/...``; written only with ``node_labels: true``). With
+named configurations, ``--configuration`` picks one (as the node label cdiplug.dev/config
+would; ``default`` otherwise). ``-o json`` and ``-o yaml`` print the same as data. Exit status 1
+when a backend fails, 2 for bad configuration.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import BackendError
-from ..model import Device, DeviceSnapshot
-from . import add_config_option, add_world_options, world_from_args
+from cdiplug.backend import Abilities
+from cdiplug.cli import add_config_option, add_world_options, world_from_args
+from cdiplug.errors import BackendError
+from cdiplug.models.devices import Device, DeviceSnapshot
 
 FORMATS = ("table", "json", "yaml")
 
@@ -32,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__.split("\n\n")[1],
     )
     add_config_option(parser)
+    parser.add_argument(
+        "--configuration", metavar="NAME", help="the named configuration to show (as the node label cdiplug.dev/config chooses)"
+    )
     add_world_options(parser)
     parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
     parser.set_defaults(func=run)
@@ -51,20 +58,21 @@ def _device(device: Device) -> dict[str, Any]:
     }
 
 
-def as_data(snapshots: Mapping[str, DeviceSnapshot]) -> dict[str, Any]:
-    """The snapshots as plain data, resources in config order."""
+def as_data(snapshots: Mapping[str, DeviceSnapshot], labels: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
+    """The snapshots as plain data, resources in config order, with the node labels of each."""
     return {
         name: {
             "devices": [_device(d) for d in snap.devices],
             "common_device_nodes": [n.path for n in snap.common_edits.device_nodes],
             "ids_env": snap.ids_env,
             "skipped": [{"id": i, "reason": r} for i, r in snap.skipped],
+            "node_labels": dict((labels or {}).get(name, {})),
         }
         for name, snap in snapshots.items()
     }
 
 
-def as_table(snapshots: Mapping[str, DeviceSnapshot]) -> str:
+def as_table(snapshots: Mapping[str, DeviceSnapshot], labels: Mapping[str, Mapping[str, str]] | None = None) -> str:
     lines = []
     for name, snap in snapshots.items():
         lines.append(f"{name}: {len(snap.devices)} devices ({snap.healthy_count()} healthy), {len(snap.skipped)} skipped")
@@ -92,24 +100,34 @@ def as_table(snapshots: Mapping[str, DeviceSnapshot]) -> str:
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
         for device_id, reason in snap.skipped:
             lines.append(f"  skipped {device_id}: {reason}")
+        ours = (labels or {}).get(name)
+        if ours:
+            lines.append("  node labels: " + " ".join(f"{k}={v}" for k, v in ours.items()))
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..discovery import discover_once
+    from cdiplug.config import load_config
+    from cdiplug.discovery import discover_once
+    from cdiplug.kube.node_labels import resource_labels
 
-    config = load_config(args.config)
+    config = load_config(args.config, configuration=args.configuration)
     world = world_from_args(args)
+    abilities: dict[str, Abilities] = {}
     try:
-        snapshots = asyncio.run(discover_once(config, world))
+        snapshots = asyncio.run(discover_once(config, world, abilities=abilities))
     except BackendError as exc:
         print(f"cdiplug discover: {exc}", file=sys.stderr)
         return 1
+    labels = {name: resource_labels(snap, abilities[name].model_labels)[0] for name, snap in snapshots.items()}
     if args.output == "json":
-        print(json.dumps(as_data(snapshots), indent=2))
+        print(json.dumps(as_data(snapshots, labels), indent=2))
     elif args.output == "yaml":
-        print(yaml.safe_dump(as_data(snapshots), sort_keys=False), end="")
+        print(yaml.safe_dump(as_data(snapshots, labels), sort_keys=False), end="")
     else:
-        print(as_table(snapshots))
+        print(as_table(snapshots, labels))
+        if config.name is not None:
+            print(f"(named configuration {config.name!r} of {', '.join(config.names)})")
+        if not config.node_labels:
+            print("(node labels are not written: the configuration has no node_labels: true)")
     return 0

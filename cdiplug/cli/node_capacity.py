@@ -1,10 +1,10 @@
 """``cdiplug node-capacity set|remove``: advertise counted resources in a node's status.
 
 ``cdiplug node-capacity set NODE example.com/dongle=4 [NAME=COUNT ...]`` and
-``cdiplug node-capacity remove NODE example.com/dongle [NAME ...]``. Credentials come from
-``--kubeconfig`` (``$CDIPLUG_KUBECONFIG``), ``$KUBECONFIG``, the in-cluster service account or
-``~/.kube/config``, in that order. Exit status: 0 done, 1 the API server refused or was unreachable,
-2 a bad argument or an unusable kubeconfig.
+``cdiplug node-capacity remove NODE example.com/dongle [NAME ...]``. Credentials come in kubectl's
+order (:mod:`cdiplug.kube.credentials`): ``--kubeconfig`` (``$CDIPLUG_KUBECONFIG``), ``$KUBECONFIG``,
+``~/.kube/config``, then the in-cluster service account. Exit status: 0 done, 1 the API server
+refused or was unreachable, 2 a bad argument or unusable credentials.
 """
 
 from __future__ import annotations
@@ -12,15 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..node_capacity import (
-    CapacityUsageError,
-    KubeconfigError,
-    NodeCapacity,
-    NodeCapacityError,
-    find_api_server,
-    parse_quantity,
-)
-from . import EXIT_USAGE, add_option
+from cdiplug.cli import EXIT_USAGE, KUBECONFIG_HELP, add_option
+from cdiplug.kube.credentials import CredentialsError, find_credentials
+from cdiplug.kube.node_capacity import CapacityUsageError, NodeCapacity, NodeCapacityError, parse_quantity
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,11 +29,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     # The options sit on each action, so they may come after the positional arguments too.
     common = argparse.ArgumentParser(add_help=False)
-    add_option(
-        common, "--kubeconfig", help="kubeconfig file; without it $KUBECONFIG, the in-cluster service account, ~/.kube/config"
-    )
+    add_option(common, "--kubeconfig", help=KUBECONFIG_HELP)
     add_option(common, "--context", help="kubeconfig context; without it the current context")
-    add_option(common, "--timeout", "30", type=float, help="seconds to wait for the API server")
+    add_option(common, "--timeout", "30", type=float, help="seconds to wait for the API server's answer")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     set_parser = actions.add_parser("set", parents=[common], help="add or change capacity: NODE NAME=COUNT ...")
@@ -63,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
                 if name in quantities:
                     raise CapacityUsageError(f"{name} is named twice")
                 quantities[name] = count
-        api = find_api_server(args.kubeconfig, args.context)
-        client = NodeCapacity(api, timeout=args.timeout)
+        if not args.timeout > 0:  # also NaN
+            raise CapacityUsageError(f"--timeout {args.timeout}: must be a number of seconds above 0")
+        client = NodeCapacity(find_credentials(args.kubeconfig, args.context), timeout=args.timeout)
         if args.action == "set":
             capacity = client.set(args.node, quantities)
             for name in quantities:
@@ -74,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             for name in args.resources:
                 state = "still present" if name in capacity else "removed"
                 print(f"node {args.node}: {name} {state}")
-    except (CapacityUsageError, KubeconfigError) as exc:
+    except (CapacityUsageError, CredentialsError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except NodeCapacityError as exc:

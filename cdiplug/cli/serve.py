@@ -1,4 +1,4 @@
-"""``cdiplug serve``: run the daemon (DESIGN.md's command-line contract).
+"""``cdiplug serve``: run the daemon (the command-line contract of ``docs/architecture.md``).
 
 Exit status: 0 after SIGTERM/SIGINT and a clean stop; 2 for a bad configuration (the message names
 the field and the file; ``cdiplug.cli.main`` prints it) or a backend that was told to fail when it
@@ -13,16 +13,9 @@ import asyncio
 import logging
 import sys
 
-from ..errors import BackendInitError, CdiplugError, ConfigError
-from ..logs import FORMATS, setup_logging
-from . import (
-    EXIT_USAGE,
-    add_config_option,
-    add_dra_options,
-    add_option,
-    add_world_options,
-    world_from_args,
-)
+from cdiplug.cli import EXIT_USAGE, add_config_option, add_dra_options, add_option, add_world_options, world_from_args
+from cdiplug.errors import BackendInitError, CdiplugError, ConfigError
+from cdiplug.toolkit.logs import FORMATS, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..daemon import serve  # imported here: grpc is not needed to print --help
+    from cdiplug.daemon import serve  # imported here: grpc is not needed to print --help
 
     if args.log_format not in FORMATS:  # a bad $CDIPLUG_LOG_FORMAT skips argparse's choices check
         print(f"cdiplug serve: --log-format must be one of {', '.join(FORMATS)}, got {args.log_format!r}", file=sys.stderr)

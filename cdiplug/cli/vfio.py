@@ -22,9 +22,9 @@ import logging
 import sys
 from typing import Any
 
-from ..backend import load_plugins
-from ..errors import CdiplugError
-from . import add_world_options, world_from_args
+from cdiplug.backend import load_plugins
+from cdiplug.cli import add_world_options, world_from_args
+from cdiplug.errors import CdiplugError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

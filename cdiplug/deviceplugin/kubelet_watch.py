@@ -2,7 +2,7 @@
 
 A restarting kubelet wipes its folder (our sockets go) and creates a new ``kubelet.sock``; both
 mean every resource must serve and register again. :class:`KubeletWatch` watches the folder with
-:class:`~cdiplug.filewatch.FolderWatch` (inotify, no polling) and, after a burst of changes has
+:class:`~cdiplug.toolkit.filewatch.FolderWatch` (inotify, no polling) and, after a burst of changes has
 settled (a short quiet period, bounded), compares the folder with what it expects:
 
 - ``kubelet.sock`` was touched and is there, or is a different socket than before,
@@ -11,7 +11,7 @@ settled (a short quiet period, bounded), compares the folder with what it expect
 Either yields one :class:`KubeletEvent`. Our own socket creations and removals cause no event:
 the caller's list of sockets is read only after the burst settles.
 
-The boundary: this module only observes; the manager re-serves and re-registers.
+The boundary: this module only observes; the device-plugin front end (``cdiplug.deviceplugin.frontend``) re-serves and re-registers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Self
 
 from attrs import frozen
 
-from ..filewatch import FOLDER, FolderWatch
+from cdiplug.toolkit.filewatch import FOLDER, FolderWatch
 
 log = logging.getLogger(__name__)
 

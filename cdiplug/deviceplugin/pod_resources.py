@@ -20,10 +20,10 @@ import grpc
 import grpc.aio
 from attrs import field, frozen
 
-from ..api import podresources_v1_pb2 as pb
-from ..api import podresources_v1_pb2_grpc as pb_grpc
-from ..errors import KubeletError
-from ..replicas import underlying
+from cdiplug.api import podresources_v1_pb2 as pb
+from cdiplug.api import podresources_v1_pb2_grpc as pb_grpc
+from cdiplug.errors import KubeletError
+from cdiplug.models.replicas import underlying
 
 DEFAULT_TIMEOUT = 5.0
 _MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's own limit for this API
@@ -35,12 +35,18 @@ def _freeze(value: Mapping[str, Iterable[str]]) -> Mapping[str, frozenset[str]]:
 
 @frozen
 class AllocatedDevices:
-    """Resource name -> the device IDs pods hold (as advertised)."""
+    """Resource name -> the device IDs pods hold (as advertised); DRA driver -> the device names
+    pods hold through claims (``pool/device``)."""
 
     by_resource: Mapping[str, frozenset[str]] = field(factory=dict, converter=_freeze)
+    by_driver: Mapping[str, frozenset[str]] = field(factory=dict, converter=_freeze)
 
     def of(self, resource: str) -> frozenset[str]:
         return self.by_resource.get(resource, frozenset())
+
+    def of_driver(self, driver: str) -> frozenset[str]:
+        """The ``pool/device`` names of ``driver`` that running pods' claims hold."""
+        return self.by_driver.get(driver, frozenset())
 
     def underlying(self, resource: str) -> frozenset[str]:
         """The held IDs of ``resource`` with replica suffixes (``::<i>``) taken off."""
@@ -48,16 +54,20 @@ class AllocatedDevices:
 
     # attrs compares the mapping proxies by content; only the hash needs help (a proxy has none).
     def __hash__(self) -> int:
-        return hash(frozenset(self.by_resource.items()))
+        return hash((frozenset(self.by_resource.items()), frozenset(self.by_driver.items())))
 
 
 def from_response(response: pb.ListPodResourcesResponse) -> AllocatedDevices:
     held: dict[str, set[str]] = {}
+    claimed: dict[str, set[str]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             for devices in container.devices:
                 held.setdefault(devices.resource_name, set()).update(devices.device_ids)
-    return AllocatedDevices(held)
+            for dynamic in container.dynamic_resources:
+                for claim in dynamic.claim_resources:
+                    claimed.setdefault(claim.driver_name, set()).add(f"{claim.pool_name}/{claim.device_name}")
+    return AllocatedDevices(held, claimed)
 
 
 async def list_allocated(socket: Path | str, timeout: float = DEFAULT_TIMEOUT) -> AllocatedDevices:

@@ -49,7 +49,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from math import comb
 
-from ..model import DeviceSnapshot, PreferredRequest
+from cdiplug.models.devices import DeviceSnapshot, PreferredRequest
 
 UNKNOWN_NODE = -1  # the one "node" every device without NUMA information is on
 NODE_SET_LIMIT = 4096
@@ -65,12 +65,8 @@ def preferred_allocation(
     snapshot: DeviceSnapshot,
     affinity: Affinity | None = None,
     underlying: Callable[[str], str] | None = None,
-    node_sets: Mapping[str, frozenset[int]] | None = None,
 ) -> tuple[str, ...]:
-    """The suggested IDs for one container request (see the module docstring for the rules).
-
-    ``node_sets``: :func:`nodes_by_device` of ``snapshot``, when the caller keeps it per snapshot.
-    """
+    """The suggested IDs for one container request (see the module docstring for the rules)."""
     must = tuple(dict.fromkeys(request.must_include))
     if request.size <= len(must):
         return must
@@ -80,7 +76,7 @@ def preferred_allocation(
     if k >= len(rest):
         return must + tuple(rest)
     under = underlying or _identity
-    policy = _Policy(node_sets if node_sets is not None else nodes_by_device(snapshot), must, rest, under, affinity)
+    policy = _Policy(nodes_by_device(snapshot), must, rest, under, affinity)
     return must + tuple(policy.choose(k))
 
 

@@ -9,12 +9,11 @@ cancels a waiting :func:`register` and starts a fresh one, so the backoff cap bo
 long a silent kubelet goes unnoticed.
 
 The boundary: this module is the gRPC client side of registration; when to register is the
-manager's business.
+front end's business (``cdiplug.deviceplugin.frontend``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
@@ -23,9 +22,10 @@ import grpc
 import grpc.aio
 from attrs import frozen
 
-from ..api import deviceplugin_v1beta1_pb2 as pb
-from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ..errors import KubeletError
+from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
+from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from cdiplug.errors import KubeletError
+from cdiplug.toolkit.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ API_VERSION = "v1beta1"
 CALL_TIMEOUT = 2.0
 INITIAL_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
+# Jitter keeps several resources from hammering a recovering kubelet in lockstep.
+JITTER = 0.2
 # While waiting, say so again at most this often (the first failure is always logged).
 LOG_EVERY = 30.0
 
@@ -57,7 +59,6 @@ class Registration:
 
     resource_name: str
     endpoint: str  # our socket's file name, relative to the kubelet folder
-    pre_start_required: bool = False
     preferred_allocation: bool = True
 
     def request(self) -> pb.RegisterRequest:
@@ -66,7 +67,7 @@ class Registration:
             endpoint=self.endpoint,
             resource_name=self.resource_name,
             options=pb.DevicePluginOptions(
-                pre_start_required=self.pre_start_required,
+                pre_start_required=False,  # preparation is Allocate's (see server.py)
                 get_preferred_allocation_available=self.preferred_allocation,
             ),
         )
@@ -102,7 +103,7 @@ async def register(
     retried too, with the same backoff, and logged as an error each time it changes.
     """
     extra = {"resource": registration.resource_name}
-    backoff = initial_backoff
+    backoff = Backoff(initial_backoff, max_backoff, jitter=JITTER)
     attempts = 0
     last_message = ""
     last_logged = 0.0
@@ -130,8 +131,4 @@ async def register(
                 extra=extra,
             )
             return attempts
-        # Jitter keeps several resources from hammering a recovering kubelet in lockstep.
-        import random  # only once a Register failed: not on the start path
-
-        await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-        backoff = min(backoff * 2, max_backoff)
+        await backoff.sleep()

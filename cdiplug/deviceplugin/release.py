@@ -2,10 +2,10 @@
 
 The device-plugin API never says when a device is free again. The kubelet's PodResources API
 (``List``) says which devices pods hold now, so every so often (the shortest
-``Unpreparer.release_interval`` of the resources served; PodResources has no watch for ``List``)
+``ReleasePoller.release_interval`` of the resources served; PodResources has no watch for ``List``)
 the :class:`Releaser` asks each resource's backend which devices it would undo
-(``Unpreparer.releasable``, past any grace time the backend keeps) and releases, through the
-host's :class:`~cdiplug.host.Preparations`, those no pod holds. A kubelet that does not answer
+(``ReleasePoller.releasable``, past any grace time the backend keeps) and releases, through the
+host's :class:`~cdiplug.host.Preparations` (the backend's ``Unpreparer``), those no pod holds. A kubelet that does not answer
 means "don't know": nothing is released until it answers again.
 
 The boundary: when and what to release; the undoing itself is the backend's.
@@ -19,13 +19,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CdiplugError, KubeletError
-from ..host import BackendHost
-from ..model import Device
-from ..supervisor import Supervisor
+from cdiplug.errors import CdiplugError, KubeletError
+from cdiplug.host import BackendHost
+from cdiplug.models.devices import Device
+from cdiplug.toolkit.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from .pod_resources import AllocatedDevices
+    from cdiplug.deviceplugin.pod_resources import AllocatedDevices
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,13 @@ TASK = "release"
 async def list_allocated(socket: Path) -> AllocatedDevices:
     """:func:`.pod_resources.list_allocated`, imported on first use: most nodes never release, and
     the PodResources stubs cost start-up time and memory."""
-    from .pod_resources import list_allocated as list_from_kubelet
+    from cdiplug.deviceplugin.pod_resources import list_allocated as list_from_kubelet
 
     return await list_from_kubelet(socket)
 
 
 class Releaser:
-    """Releases unheld devices of the resources whose backend can unprepare them."""
+    """Releases unheld devices of the resources whose backend polls for release (a ReleasePoller)."""
 
     def __init__(self, host: BackendHost, socket: Path, supervisor: Supervisor, lister: Lister = list_allocated) -> None:
         self.host = host
@@ -56,11 +56,11 @@ class Releaser:
         return sorted(self._intervals)
 
     def update(self, resources: Mapping[str, object]) -> None:
-        """Look after these resources from now on (those whose backend can unprepare)."""
+        """Look after these resources from now on (those whose backend polls for release)."""
         intervals = {}
         for name in resources:
-            unpreparer = self.host.abilities(name).unpreparer
-            interval = unpreparer.release_interval(name) if unpreparer is not None else None
+            poller = self.host.abilities(name).release_poller
+            interval = poller.release_interval(name) if poller is not None else None
             if interval is not None:
                 intervals[name] = interval
         self._intervals = intervals
@@ -80,11 +80,11 @@ class Releaser:
         held = await self.lister(self.socket)
         released: list[tuple[str, str]] = []
         for name in sorted(self._intervals):
-            unpreparer = self.host.abilities(name).unpreparer
-            if unpreparer is None:
+            poller = self.host.abilities(name).release_poller
+            if poller is None:
                 continue
             holding = held.underlying(name)
-            free = [i for i in await unpreparer.releasable(name) if i not in holding]
+            free = [i for i in await poller.releasable(name) if i not in holding]
             if not free:
                 continue
             snapshot = self.host.latest(name)

@@ -20,13 +20,13 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from ..errors import CdiError
-from ..host import SpecKeeper
-from ..model import Device, DeviceSnapshot
-from ..resource import ResourceConfig
-from ..telemetry import Recorder
-from .allocator import Allocator
-from .server import ResourceServer
+from cdiplug.deviceplugin.allocator import Allocator
+from cdiplug.deviceplugin.server import ResourceServer
+from cdiplug.errors import CdiError
+from cdiplug.host import SpecKeeper
+from cdiplug.models.devices import Device, DeviceSnapshot
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.telemetry.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class ServedResource:
         self.pending: DeviceSnapshot | None = None
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
+        self.found = asyncio.Event()  # some snapshot had a device (register_when_empty: false waits for it)
         self.registrations = 0
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
@@ -67,6 +68,8 @@ class ServedResource:
         # function, say) answers from the news; the updater then writes the spec and publishes.
         self.allocator.update(snapshot)
         self.pending = snapshot
+        if snapshot.devices:
+            self.found.set()
         self.wake.set()
 
     async def run_updates(self) -> None:
@@ -126,12 +129,9 @@ class ServedResource:
 
     # -- reload --
 
-    def replace_allocator(self, config: ResourceConfig[object], allocator: Allocator, spec: SpecKeeper) -> bool:
-        """Serve a new config through ``allocator``; the server and its streams stay.
-
-        True when the plugin options changed, so that the kubelet must be told again.
-        """
-        old_options = self.server.pre_start_required
+    def replace_allocator(self, config: ResourceConfig[object], allocator: Allocator, spec: SpecKeeper) -> None:
+        """Serve a new config through ``allocator``; the server, its streams and the kubelet's
+        registration stay (the plugin's options never change)."""
         self.config = config
         self.allocator = allocator
         self.spec = spec
@@ -144,4 +144,3 @@ class ServedResource:
             self.applied = None
             self.wake.set()
         self.server.allocator = allocator
-        return self.server.pre_start_required != old_options

@@ -8,13 +8,14 @@ runs as root, talks to it). It turns what the core hands it into protobuf and ba
   devices anew (:mod:`.messages`), and shared;
   each stream has a queue holding only the latest list, so a slow reader gets the newest state,
   never a backlog. The first message of a stream is the current list.
-- Allocate, GetPreferredAllocation and PreStartContainer delegate to the resource's allocator
+- Allocate and GetPreferredAllocation delegate to the resource's allocator (PreStartContainer is never required)
   (``cdiplug.deviceplugin.allocator.Allocator``) and convert its :class:`ContainerAllocation` answers.
-- Our exceptions become gRPC status codes here and nowhere else (:func:`status_for`). A request
-  that does not parse (a device ID that is not valid UTF-8, say) reaches the RPC as
-  :class:`Undecodable` and becomes INVALID_ARGUMENT naming the field; grpc's own handling would
-  answer INTERNAL without a word. Status details and log lines are bounded (:data:`MAX_DETAILS`,
-  ``cdiplug.brief``): a log line names the RPC and the request's size, never the whole request.
+- Our exceptions become gRPC status codes through :func:`cdiplug.wire.lenient.status_for`, the one
+  place codes are chosen. A request that does not parse (a device ID that is not valid UTF-8,
+  say) reaches the RPC as :class:`Undecodable` (:func:`cdiplug.wire.lenient.add_lenient_service`) and
+  becomes INVALID_ARGUMENT naming the field; grpc's own handling would answer INTERNAL without a
+  word. Status details and log lines are bounded (:data:`MAX_DETAILS`,
+  ``cdiplug.toolkit.brief``): a log line names the RPC and the request's size, never the whole request.
 
 The boundary: this module knows protobuf and sockets, not backends, CDI files or the kubelet's
 registration (``cdiplug.deviceplugin.registration``), nor when to (re)start (``cdiplug.deviceplugin.frontend``).
@@ -23,7 +24,6 @@ registration (``cdiplug.deviceplugin.registration``), nor when to (re)start (``c
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -32,85 +32,48 @@ from typing import Any, NoReturn, Protocol
 import grpc
 import grpc.aio
 
-from ..api import deviceplugin_v1beta1_pb2 as pb
-from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # the servicer base class only
-from ..errors import (
-    CdiplugError,
-    DeviceUnavailable,
-    InvalidRequest,
-    PreparationError,
-)
-from ..model import ContainerAllocation, DeviceSnapshot, PreferredRequest
-from ..unixserver import UnixServer
-from ..wire import Undecodable, lenient
-from .messages import AnswerCache, ListCache, serialize_passthrough
+from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
+from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # the servicer base class only
+from cdiplug.deviceplugin.messages import ListCache, allocate_response, serialize_passthrough
+from cdiplug.errors import CdiplugError, InvalidRequest, PreparationError
+from cdiplug.models.devices import ContainerAllocation, DeviceSnapshot, PreferredRequest
+from cdiplug.wire.lenient import Rpc, Undecodable, add_lenient_service, status_for
+from cdiplug.wire.unixserver import UnixServer
 
 log = logging.getLogger(__name__)
 
-SOCKET_MODE = 0o600
-# How long a live-socket probe may take: a process that accepts connections answers at once.
-PROBE_TIMEOUT = 0.5
 # Longest status message sent: far below gRPC's metadata limit (8 KiB by default), which a longer
 # one would exceed and turn into RESOURCE_EXHAUSTED for the caller.
 MAX_DETAILS = 1024
 
 _END = object()  # put into a stream's queue to end that stream cleanly (status OK)
-_temp_names = itertools.count()  # unique temporary socket names within this process
 
 
 class AllocatorLike(Protocol):
     """What the server needs of ``cdiplug.deviceplugin.allocator.Allocator``."""
 
-    @property
-    def pre_start_required(self) -> bool: ...
-
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]: ...
 
     def preferred(self, requests: Sequence[PreferredRequest]) -> list[tuple[str, ...]]: ...
 
-    async def pre_start(self, ids: Sequence[str]) -> None: ...
-
-
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The gRPC status code for one of our errors (the only place codes are chosen)."""
-    if isinstance(exc, InvalidRequest):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, (DeviceUnavailable, PreparationError)):  # DeviceInUse is a PreparationError
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL  # CdiError and anything else: our fault, not the caller's
-
 
 def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
-    """``add_DevicePluginServicer_to_server`` with :func:`lenient` request deserializers."""
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-            servicer.GetDevicePluginOptions,
-            request_deserializer=lenient(pb.Empty),
-            response_serializer=pb.DevicePluginOptions.SerializeToString,
-        ),
-        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-            servicer.ListAndWatch,
-            request_deserializer=lenient(pb.Empty),
-            response_serializer=serialize_passthrough,
-        ),
-        "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-            servicer.GetPreferredAllocation,
-            request_deserializer=lenient(pb.PreferredAllocationRequest),
-            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
-        ),
-        "Allocate": grpc.unary_unary_rpc_method_handler(
-            servicer.Allocate,
-            request_deserializer=lenient(pb.AllocateRequest),
-            response_serializer=serialize_passthrough,
-        ),
-        "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-            servicer.PreStartContainer,
-            request_deserializer=lenient(pb.PreStartContainerRequest),
-            response_serializer=pb.PreStartContainerResponse.SerializeToString,
-        ),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+    """``add_DevicePluginServicer_to_server`` with lenient request deserializers."""
+    add_lenient_service(
+        server,
+        SERVICE,
+        {
+            "GetDevicePluginOptions": Rpc(servicer.GetDevicePluginOptions, pb.Empty, pb.DevicePluginOptions.SerializeToString),
+            "ListAndWatch": Rpc(servicer.ListAndWatch, pb.Empty, serialize_passthrough, stream=True),
+            "GetPreferredAllocation": Rpc(
+                servicer.GetPreferredAllocation, pb.PreferredAllocationRequest, pb.PreferredAllocationResponse.SerializeToString
+            ),
+            "Allocate": Rpc(servicer.Allocate, pb.AllocateRequest, pb.AllocateResponse.SerializeToString),
+            "PreStartContainer": Rpc(
+                servicer.PreStartContainer, pb.PreStartContainerRequest, pb.PreStartContainerResponse.SerializeToString
+            ),
+        },
+    )
 
 
 SERVICE = "v1beta1.DevicePlugin"
@@ -147,7 +110,6 @@ class ResourceServer:
         self._current: bytes | None = None
         self._advertised: DeviceSnapshot | None = None
         self._lists = ListCache()
-        self._answers = AnswerCache()
         self._log = logging.LoggerAdapter(log, {"resource": resource})
 
     # -- state --
@@ -161,10 +123,6 @@ class ResourceServer:
         return len(self._streams)
 
     @property
-    def pre_start_required(self) -> bool:
-        return bool(self.allocator.pre_start_required)
-
-    @property
     def advertised(self) -> DeviceSnapshot | None:
         return self._advertised
 
@@ -175,7 +133,7 @@ class ResourceServer:
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Serve on our socket (:class:`~cdiplug.unixserver.UnixServer`: a live one refused, a
+        """Serve on our socket (:class:`~cdiplug.wire.unixserver.UnixServer`: a live one refused, a
         stale one replaced, 0600 from the start, never someone else's removed)."""
         if self._unix.serving:
             return
@@ -243,7 +201,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
     ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
-            pre_start_required=self._s.pre_start_required,
+            pre_start_required=False,  # nothing to do before a container starts: preparation is Allocate's
             get_preferred_allocation_available=True,
         )
 
@@ -273,7 +231,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             answers = await self._s.allocator.allocate(requests)
         except Exception as exc:
             await self._abort(context, "Allocate", _summary(requests), exc)
-        return self._s._answers.serialize(answers)  # type: ignore[return-value]  # bytes: see serialize_passthrough
+        return allocate_response(answers)
 
     async def GetPreferredAllocation(
         self,
@@ -305,11 +263,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     ) -> pb.PreStartContainerResponse:
         if isinstance(request, Undecodable):
             await self._abort(context, "PreStartContainer", "(undecodable)", InvalidRequest(request.reason))
-        ids = list(request.devices_ids)
-        try:
-            await self._s.allocator.pre_start(ids)
-        except Exception as exc:
-            await self._abort(context, "PreStartContainer", _summary([ids]), exc)
+        # Never required (GetDevicePluginOptions and Register say so), so a kubelet does not call it;
+        # a client that does gets the empty answer the API defines.
         return pb.PreStartContainerResponse()
 
     async def _abort(self, context: grpc.aio.ServicerContext[Any, Any], rpc: str, summary: str, exc: Exception) -> NoReturn:

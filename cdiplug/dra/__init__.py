@@ -5,11 +5,11 @@ One concept per module:
 - :mod:`.frontend`: :class:`DraFrontEnd`, start/reload/stop of every DRA resource;
 - :mod:`.driver`: one resource as one driver (sockets, slices, health, snapshots);
 - :mod:`.registration`, :mod:`.service`, :mod:`.health`: the gRPC edges (plugin registration v1,
-  ``v1.DRAPlugin``/``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth``); :class:`cdiplug.unixserver.UnixServer` serves them (as it serves the device-plugin sockets);
+  ``v1.DRAPlugin``/``v1beta1.DRAPlugin``, ``v1alpha1.DRAResourceHealth``); :class:`cdiplug.wire.unixserver.UnixServer` serves them (as it serves the device-plugin sockets);
 - :mod:`.slices` (pure) and :mod:`.publisher`: ResourceSlices, built and kept on the API server;
 - :mod:`.claims` (pure), :mod:`.prepare`, :mod:`.claimspec`, :mod:`.checkpoint`: claims read,
   prepared through the host, given a CDI spec each, and remembered across restarts;
-- :mod:`.kubeclient`: the Kubernetes API (lightkube), errors mapped to ``KubernetesError``.
+- the Kubernetes API is :mod:`cdiplug.kube` (lightkube; credentials in kubectl's order).
 
 Imported only when some resource has ``api: dra``: a daemon without one never loads the
 Kubernetes client. Never imports :mod:`cdiplug.deviceplugin`, which never imports this.

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
 
-from ..atomic import make_dirs, write_atomic
-from ..cdi.build import build_spec
-from ..cdi.spec import to_json
-from ..errors import CdiError
-from ..model import ContainerEdits, Device, DeviceSnapshot
+from cdiplug.cdi.build import build_spec
+from cdiplug.cdi.spec import to_json
+from cdiplug.cdi.sweep import sweep
+from cdiplug.errors import CdiError
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Mount
+from cdiplug.toolkit.atomic import make_dirs, write_atomic
 
 CLAIM_PREFIX = "cdiplug-claim-"
 FILE_MODE = 0o644
@@ -63,8 +64,12 @@ def render(
     uid: str,
     snapshot: DeviceSnapshot,
     devices: Sequence[tuple[str, Device]],
+    mounts: Mapping[str, Sequence[Mount]] | None = None,
 ) -> bytes:
     """The spec of a claim holding ``devices`` (slice name, prepared device) of ``snapshot``'s resource.
+
+    ``mounts`` (slice name -> mounts) are added to those devices' edits: the device metadata
+    files of the requests each serves (:mod:`.metadata`), so a container sees only its requests'.
 
     Raises CdiError when the spec cannot be built (a device without container edits, say).
     """
@@ -73,7 +78,13 @@ def render(
     if snapshot.ids_env:
         ids = ",".join(dict.fromkeys(d.id for _, d in devices))
         common = common.merge(ContainerEdits(env={snapshot.ids_env: ids}))
-    renamed = [attrs.evolve(d, id=f"{uid}-{name}") for name, d in devices]
+    extra = mounts or {}
+    renamed = [
+        attrs.evolve(d, id=f"{uid}-{name}", edits=d.edits.merge(ContainerEdits(mounts=tuple(extra[name]))))
+        if extra.get(name)
+        else attrs.evolve(d, id=f"{uid}-{name}")
+        for name, d in devices
+    ]
     claim_snapshot = DeviceSnapshot(resource=snapshot.resource, devices=renamed, common_edits=common)
     return to_json(build_spec(claim_kind(driver), claim_snapshot))
 
@@ -104,21 +115,4 @@ def remove(cdi_dir: Path, uid: str) -> bool:
 def remove_stale(cdi_dir: Path, keep_uids: Iterable[str]) -> list[Path]:
     """Remove claim specs whose claim is not in ``keep_uids`` (a crash between write and checkpoint)."""
     keep = {f"{CLAIM_PREFIX}{u}.json" for u in keep_uids}
-    removed: list[Path] = []
-    try:
-        entries = list(os.scandir(cdi_dir))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise CdiError(f"cannot list CDI folder {cdi_dir}: {exc.strerror}") from exc
-    for entry in entries:
-        name = entry.name
-        if name.startswith(CLAIM_PREFIX) and name.endswith(".json") and name not in keep and entry.is_file(follow_symlinks=False):
-            try:
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise CdiError(f"cannot remove CDI spec {entry.path}: {exc.strerror}") from exc
-            removed.append(Path(entry.path))
-    return sorted(removed)
+    return sweep(cdi_dir, lambda name: name.startswith(CLAIM_PREFIX) and name.endswith(".json") and name not in keep)

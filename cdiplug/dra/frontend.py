@@ -3,16 +3,25 @@
 Per resource a :class:`~cdiplug.dra.driver.DraDriver` (sockets, slices, health) with a
 :class:`~cdiplug.dra.prepare.ClaimPreparer`, attached to the backend host like the device-plugin
 front end's resources. Shared by all drivers: one Kubernetes client (made on first need by
-``client_factory``, by default from ``world.kubeconfig`` / in-cluster / ``$KUBECONFIG``) and one
+``client_factory``, by default :func:`cdiplug.kube.client.connect`: ``world.kubeconfig``, else as kubectl) and one
 checkpoint of prepared claims (:class:`~cdiplug.dra.checkpoint.ClaimStore`).
 
-- **start**: the checkpoint is read and claim specs it does not know are removed; every driver
-  serves, registers and publishes.
+- **start**: the checkpoint is read, claims an earlier run left half prepared are rolled back
+  (:func:`~cdiplug.dra.rollback.roll_back_started`), claim specs it does not know are removed;
+  every driver serves, registers and publishes; on its first snapshot, completed claims a
+  reboot undid (another boot ID, a spec gone) are prepared and specced again before any
+  prepare is answered (:meth:`~cdiplug.dra.prepare.ClaimPreparer.restore`).
 - **reload**: drivers of removed resources stop and withdraw their slices; new ones start; a
   resource whose driver name changed is a removal and an addition; otherwise the driver stays
-  and takes the new configuration (its backend may be new: the host replays its snapshot).
+  and takes the new configuration (its backend may be new: the host replays its snapshot). A
+  removed driver with claims still prepared is drained: its slices go at once, its sockets only
+  once the kubelet has unprepared the last claim (a pod whose claim the kubelet cannot unprepare
+  stays Terminating), and no new claim is prepared meanwhile.
 - **stop**: sockets go away, slices and claim specs stay (running pods keep their devices; a
   restarted daemon takes over, and answers repeated prepares from the checkpoint).
+- **configuration** (:data:`FRONT_END`, registered as ``api: dra``): driver names (DNS
+  subdomains of at most 63 characters, one per resource) when the file is read; the driver's two
+  socket paths (107 bytes) at start and every reload.
 
 The boundary: what runs when, for DRA. Never imports :mod:`cdiplug.deviceplugin` (nor the
 reverse); backends, preparation and the host are :mod:`cdiplug.host`'s.
@@ -21,22 +30,26 @@ reverse); backends, preparation and the host are :mod:`cdiplug.host`'s.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import CdiplugError
-from ..host import BackendHost
-from ..resource import ResourceConfig
-from ..supervisor import Supervisor
-from ..telemetry import NULL_RECORDER, Recorder
-from ..world import World
-from . import claimspec
-from .checkpoint import ClaimStore
-from .driver import DraDriver
-from .kubeclient import KubeClient, connect
-from .prepare import ClaimPreparer
-from .publisher import SlicePublisher
+from cdiplug.dra import claimspec, metadata
+from cdiplug.dra.checkpoint import ClaimStore
+from cdiplug.dra.driver import DraDriver, socket_paths
+from cdiplug.dra.instances import InstanceLock
+from cdiplug.dra.prepare import BOOT_ID, ClaimPreparer, read_boot_id
+from cdiplug.dra.publisher import SlicePublisher
+from cdiplug.dra.rollback import roll_back_started
+from cdiplug.errors import CdiplugError
+from cdiplug.frontend import FrontEndBase, FrontEndParts, Problem, changes, socket_problem
+from cdiplug.host import BackendHost
+from cdiplug.kube.client import KubeClient, connect
+from cdiplug.models.names import is_dns_subdomain
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
+from cdiplug.toolkit.supervisor import SupervisorClosed
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +60,19 @@ def default_client(world: World) -> KubeClient:
     return connect(world.kubeconfig)
 
 
-class DraFrontEnd:
+class DraFrontEnd(FrontEndBase[BackendHost]):
     """Serves resources as DRA drivers; ``start(resources)``, ``reload(...)``, ``stop()``."""
 
-    def __init__(
-        self,
-        world: World,
-        host: BackendHost,
-        supervisor: Supervisor,
-        *,
-        recorder: Recorder = NULL_RECORDER,
-        client_factory: ClientFactory = default_client,
-    ) -> None:
-        self.world = world
-        self.host = host
-        self.supervisor = supervisor
-        self.recorder = recorder
+    def __init__(self, parts: FrontEndParts[BackendHost], *, client_factory: ClientFactory = default_client) -> None:
+        super().__init__(parts)
         self.client_factory = client_factory
-        self.store = ClaimStore(world.state_dir)
+        self.store = ClaimStore(self.world.state_dir)
         self._client: KubeClient | None = None
         self._drivers: dict[str, DraDriver] = {}
-        self._lock = asyncio.Lock()
-        self._started = False
-        self._stopped = False
+        self._draining: dict[str, DraDriver] = {}  # by driver name: left the configuration, claims still prepared
+        self.boot_id: str | None = None  # read at start (world.host_path: tests fake it)
+        # With --pod-uid another instance may share our state (a rolling update): we say we run.
+        self.instance = InstanceLock(self.world.state_dir, self.world.pod_uid) if self.world.pod_uid else None
 
     # -- introspection (tests) --
 
@@ -79,6 +82,11 @@ class DraFrontEnd:
 
     def driver(self, resource: str) -> DraDriver:
         return self._drivers[resource]
+
+    @property
+    def draining(self) -> Mapping[str, DraDriver]:
+        """Drivers that left the configuration and serve only the unprepares of their claims, by driver name."""
+        return dict(self._draining)
 
     def client(self) -> KubeClient:
         """The shared Kubernetes client, made on first use (KubernetesError without credentials)."""
@@ -94,10 +102,29 @@ class DraFrontEnd:
             await self._start(resources)
 
     async def _start(self, resources: Sequence[ResourceConfig[Any]]) -> None:
-        self._started = True
-        self.client()  # credentials are a start-up matter: fail now, not at the first claim
         await self.store.load()
-        await self._remove_stale_specs()
+        left = self._left_behind(resources)
+        if not resources and not left:
+            return  # started only for the checkpoint, which holds nothing to finish
+        try:
+            self.client()  # credentials are a start-up matter: fail now, not at the first claim
+        except CdiplugError as exc:
+            if resources:
+                raise
+            drivers = ", ".join(rc.dra_driver for rc in left)
+            log.error(
+                "the checkpoint holds claims of DRA drivers no resource serves now (%s); cannot serve them: %s", drivers, exc
+            )
+            return
+        if self.instance is not None:
+            await asyncio.to_thread(self.instance.acquire)  # before we record any claim as ours
+            await self.store.refresh()
+        self.boot_id = await asyncio.to_thread(read_boot_id, self.world.host_path(BOOT_ID))
+        alive = self.instance.alive if self.instance is not None else (lambda owner: False)
+        await roll_back_started(self.store, self.host, self.world.cdi_dir, alive)  # before any driver serves
+        async with self.store.locked():  # the other daemon of a rolling update records nothing meanwhile
+            await self._remove_stale_specs()
+            await self._remove_stale_metadata(resources)
         for rc in resources:
             self._drivers[rc.name] = self._new_driver(rc)
         try:
@@ -108,6 +135,41 @@ class DraFrontEnd:
             raise
         for drv in self._drivers.values():
             self.host.attach(drv.name, drv)
+        for rc in left:
+            await self._drain_left_behind(rc)
+
+    def _left_behind(self, resources: Sequence[ResourceConfig[Any]]) -> list[ResourceConfig[Any]]:
+        """A resource per driver the checkpoint has claims of but no resource serves now (it left
+        DRA while the daemon was down, or during a drain): the kubelet must still unprepare them."""
+        served = {rc.dra_driver for rc in resources}
+        by_driver = {c.driver: c.resource for c in self.store.all() if c.driver not in served}
+        return [ResourceConfig(name, "", None, api="dra", dra_driver=driver) for driver, name in sorted(by_driver.items())]
+
+    async def _drain_left_behind(self, rc: ResourceConfig[Any]) -> None:
+        drv = self._new_driver(rc)
+        try:
+            await drv.start()
+            await drv.drain()
+        except CdiplugError as exc:
+            log.error("cannot serve DRA driver %s for the unprepares of its claims: %s", rc.dra_driver, exc)
+            await drv.stop()
+            return
+        self._keep_draining(drv)
+
+    def _claims_of(self, driver: str) -> int:
+        return sum(c.driver == driver for c in self.store.all())
+
+    def _keep_draining(self, drv: DraDriver) -> None:
+        """``drv`` (drained already) serves the kubelet's unprepares until its last claim is gone."""
+        self._draining[drv.driver] = drv
+        log.info(
+            "DRA driver %s of %s: slices withdrawn; it serves the kubelet until its %d prepared claims are unprepared",
+            drv.driver,
+            drv.name,
+            self._claims_of(drv.driver),
+            extra={"resource": drv.name},
+        )
+        drv.preparer.drain(functools.partial(self._drained, drv))
 
     async def _remove_stale_specs(self) -> None:
         keep = [c.uid for c in self.store.all()]
@@ -119,10 +181,28 @@ class DraFrontEnd:
         for path in removed:
             log.info("removed CDI spec %s (its claim is not prepared)", path)
 
+    async def _remove_stale_metadata(self, resources: Sequence[ResourceConfig[Any]]) -> None:
+        """Device metadata folders of claims the checkpoint does not know (a crash mid-prepare)."""
+        keep = [(c.namespace, c.name) for c in self.store.all()]
+        for rc in resources:
+            for path in await asyncio.to_thread(metadata.remove_stale, self.world.plugins_dir, rc.dra_driver, keep):
+                log.info("removed device metadata %s (its claim is not prepared)", path)
+
     def _new_driver(self, rc: ResourceConfig[Any]) -> DraDriver:
         node = self.world.node_name
-        preparer = ClaimPreparer(rc, node, self.host, self.store, self.client, self.world.cdi_dir, self.recorder)
-        publisher = SlicePublisher(self.client(), rc.dra_driver, node)
+        preparer = ClaimPreparer(
+            rc,
+            node,
+            self.host,
+            self.store,
+            self.client,
+            self.world.cdi_dir,
+            self.recorder,
+            boot_id=self.boot_id,
+            plugins_dir=self.world.plugins_dir,
+            instance=self.world.pod_uid or "",
+        )
+        publisher = SlicePublisher(self.client(), rc.dra_driver, node, resource=rc.name, recorder=self.recorder)
         return DraDriver(rc, self.world, preparer, publisher, self.supervisor, self.recorder)
 
     async def reload(self, resources: Sequence[ResourceConfig[Any]], recreated: frozenset[str]) -> None:
@@ -130,26 +210,32 @@ class DraFrontEnd:
         async with self._lock:
             if self._stopped:
                 return
-            if not self._started:  # the first DRA resource came with this configuration
-                await self._start(resources)
-                return
-            wanted = {r.name: r for r in resources}
-            gone = [d for n, d in self._drivers.items() if n not in wanted or wanted[n].dra_driver != d.driver]
-            for drv in gone:
-                del self._drivers[drv.name]
+            # A renamed driver is another driver: the old one stops and withdraws its slices.
+            diff = changes(
+                {n: d.resource for n, d in self._drivers.items()},
+                resources,
+                recreated,
+                restart=lambda old, new: old.dra_driver != new.dra_driver,
+            )
+            for name in diff.removed:
+                drv = self._drivers.pop(name)
                 self.host.detach(drv.name)
-                await drv.stop(withdraw=True)
-                if drv.name not in wanted:
+                if diff.gone(name):
                     self.recorder.forget(drv.name)
-                log.info("stopped DRA driver %s of %s", drv.driver, drv.name)
-            for rc in resources:
-                current = self._drivers.get(rc.name)
-                if current is not None:
-                    if current.resource != rc or rc.name in recreated:
-                        current.resource = rc
-                        current.preparer.resource = rc
-                        self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
+                if not self._claims_of(drv.driver):
+                    await drv.stop(withdraw=True)
+                    log.info("stopped DRA driver %s of %s", drv.driver, drv.name)
                     continue
+                await drv.drain()
+                self._keep_draining(drv)
+            for rc in diff.changed:
+                current = self._drivers[rc.name]
+                current.resource = rc
+                current.preparer.resource = rc
+                self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
+            for rc in diff.added:
+                if (left := self._draining.pop(rc.dra_driver, None)) is not None:
+                    await left.stop()  # the same driver again: the new one unprepares what it prepared
                 drv = self._new_driver(rc)
                 try:
                     await drv.start()
@@ -166,13 +252,68 @@ class DraFrontEnd:
                 return
             self._stopped = True
             await self._stop_all()
+            if self.instance is not None:
+                self.instance.release()  # nothing of ours is being prepared any more
             if self._client is not None:
                 client, self._client = self._client, None
                 await client.close()
+
+    def _drained(self, drv: DraDriver) -> None:
+        """Called by a draining driver's preparer (inside its last unprepare): stop it from a task."""
+        try:
+            self.supervisor.spawn(f"dra-drained:{drv.driver}", self._stop_drained(drv))
+        except SupervisorClosed:  # stopping: stop() stops it
+            pass
+
+    async def _stop_drained(self, drv: DraDriver) -> None:
+        async with self._lock:
+            if self._draining.get(drv.driver) is not drv:
+                return  # stopped meanwhile (the daemon stops, or the driver came back)
+            del self._draining[drv.driver]
+            await drv.stop()
+        log.info("stopped DRA driver %s of %s: the kubelet has unprepared its last claim", drv.driver, drv.name)
 
     async def _stop_all(self) -> None:
         drivers = list(self._drivers.values())
         self._drivers.clear()
         for drv in drivers:
             self.host.detach(drv.name)
-        await asyncio.gather(*(drv.stop() for drv in drivers))
+        draining = list(self._draining.values())
+        self._draining.clear()
+        await asyncio.gather(*(drv.stop() for drv in drivers + draining))
+
+
+# -- configuration ---------------------------------------------------------------------------------
+
+
+def dra_driver_problem(driver: str) -> str | None:
+    """Why ``driver`` cannot name a DRA driver (a DNS subdomain of at most 63 characters), or None."""
+    if len(driver) > 63 or not is_dns_subdomain(driver):
+        return f"DRA driver name {driver[:80]!r} must be a DNS subdomain (lower case, digits, '-', '.') of at most 63 characters"
+    return None
+
+
+class DraApi:
+    """``api: dra``: its checks and its front end (:data:`FRONT_END`)."""
+
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
+        seen: dict[str, str] = {}
+        for rc in resources:
+            if (problem := dra_driver_problem(rc.dra_driver)) is not None:
+                yield Problem(rc.name, "dra_driver", problem)
+            elif rc.dra_driver in seen:
+                yield Problem(rc.name, "dra_driver", f"DRA driver {rc.dra_driver!r} is already used by {seen[rc.dra_driver]}")
+            seen.setdefault(rc.dra_driver, rc.name)
+
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
+        for rc in resources:
+            for path in socket_paths(world, rc.dra_driver):
+                if (problem := socket_problem(path)) is not None:
+                    yield Problem(rc.name, "dra_driver", problem)
+                    break
+
+    def create(self, parts: FrontEndParts[BackendHost]) -> DraFrontEnd:
+        return DraFrontEnd(parts)
+
+
+FRONT_END = DraApi()

@@ -13,10 +13,17 @@ every call, and the results checked again). Its :meth:`~SlicePublisher.run` task
   when missing, the ones beyond the new count deleted. An unchanged pool is not written;
 - watches the same slices and acts only on changes made behind its back (an event whose
   resourceVersion it did not write: someone deleted or edited a slice): it lists again and
-  republishes. It never polls; a failed call or a broken watch is retried with backoff;
+  republishes. It never polls; a failed call or a broken watch is retried with backoff
+  (doubling up to 30 s, each delay spread ±:data:`JITTER` so that the nodes of a cluster do not
+  come back to a restarted API server in step; never sooner than a ``Retry-After`` the server
+  gave, a 429). A watch the server ends, or that stays silent too long (:mod:`cdiplug.kube.client`),
+  is opened again from the last version; one that ends at once is taken as failed (backoff, not
+  a loop). A failed watch lists again once, through the publish loop;
 - device taints (unhealthy devices, :mod:`.slices`): when the API server answers a tainted
   slice without its taints (the ``DRADeviceTaints`` gate is off there), it switches to
-  withdrawing unhealthy devices from the pool instead, logs that once, and republishes.
+  withdrawing unhealthy devices from the pool instead, logs that once, and republishes;
+- every pool write and every failed call is told to the :class:`~cdiplug.telemetry.recorder.Recorder`
+  (``cdiplug_dra_slice_publishes``).
 
 The boundary: the API side only; which devices to publish comes from :mod:`.slices`.
 """
@@ -25,18 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import KubernetesError
-from ..model import DeviceSnapshot
-from .kubeclient import CONFLICT, NOT_FOUND, KubeClient
-from .slices import OwnerNode, UnhealthyPolicy, has_taints, pool_devices, slice_body, slice_name, split
+from cdiplug.dra.slices import (
+    OwnerNode,
+    UnhealthyPolicy,
+    has_taints,
+    pool_counters,
+    pool_devices,
+    slice_body,
+    slice_name,
+    split,
+)
+from cdiplug.errors import KubernetesError
+from cdiplug.kube.client import CONFLICT, NOT_FOUND, KubeClient, retry_after
+from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
+from cdiplug.toolkit.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
+JITTER = 0.2
+SHORT_WATCH = 1.0  # seconds: a watch that ends sooner without an event is taken as failed
 
 
 class SlicePublisher:
@@ -50,12 +71,16 @@ class SlicePublisher:
         *,
         policy: UnhealthyPolicy = UnhealthyPolicy.TAINT,
         backoff: tuple[float, float] = (BACKOFF_INITIAL, BACKOFF_MAX),
+        resource: str = "",
+        recorder: Recorder = NULL_RECORDER,
     ) -> None:
         self.client = client
         self.driver = driver
         self.node = node
         self.policy = policy
         self.backoff = backoff
+        self.resource = resource  # labels the publish counters with ``driver``
+        self.recorder = recorder
         self.generation = 0
         self.publishes = 0  # pool writes done (tests and figures wait on it)
         self.failures = 0  # failed calls that will be retried
@@ -65,7 +90,7 @@ class SlicePublisher:
         self._idle = asyncio.Event()  # set while nothing is left to publish
         self._known: dict[str, dict[str, Any]] = {}  # our slices as last seen or written, by name
         self._written_versions: set[str] = set()
-        self._last_pool: list[dict[str, Any]] | None = None
+        self._last_pool: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None  # devices, counter sets
         self._external = False
         self._events: list[tuple[str, str, str]] = []  # (kind, name, version) seen, not yet judged
         self._owner: OwnerNode | None = None
@@ -98,6 +123,7 @@ class SlicePublisher:
     async def _failed(self) -> None:
         async with self._changed:
             self.failures += 1
+            self.recorder.slices_published(self.resource, self.driver, ok=False)
             self._changed.notify_all()
 
     async def withdraw(self) -> None:
@@ -115,18 +141,25 @@ class SlicePublisher:
         await self._start()
         await asyncio.gather(self._publish_loop(), self._watch_loop())
 
+    def _backoff(self) -> Backoff:
+        return Backoff(*self.backoff, jitter=JITTER)
+
+    def _delay(self, backoff: Backoff, exc: BaseException) -> float:
+        """The next delay of ``backoff``, but not less than the server's Retry-After."""
+        return max(next(backoff), min(retry_after(exc) or 0.0, self.backoff[1]))
+
     async def _start(self) -> None:
-        delay = self.backoff[0]
+        backoff = self._backoff()
         while True:
             try:
                 self._owner = await self._read_owner()
                 await self._relist()
                 return
             except KubernetesError as exc:
-                log.error("DRA driver %s: %s; trying again in %g s", self.driver, exc, delay)
+                delay = self._delay(backoff, exc)
+                log.error("DRA driver %s: %s; trying again in %.3g s", self.driver, exc, delay)
                 await self._failed()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff[1])
 
     async def _read_owner(self) -> OwnerNode | None:
         try:
@@ -152,7 +185,7 @@ class SlicePublisher:
         self._last_pool = None  # what is there is not known to be ours: write it all again
 
     async def _publish_loop(self) -> None:
-        delay = self.backoff[0]
+        backoff = self._backoff()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -164,22 +197,23 @@ class SlicePublisher:
                     self._external = False
                     await self._relist()
                 await self._publish()
-                delay = self.backoff[0]
+                backoff.reset()
                 if not self._wake.is_set():
                     self._idle.set()
             except KubernetesError as exc:
-                log.error("DRA driver %s: publishing ResourceSlices failed: %s; trying again in %g s", self.driver, exc, delay)
+                delay = self._delay(backoff, exc)
+                log.error("DRA driver %s: publishing ResourceSlices failed: %s; trying again in %.3g s", self.driver, exc, delay)
                 self._external = True  # list again first: our picture of the server may be wrong
                 await self._failed()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
                 self._wake.set()
 
     async def _publish(self) -> None:
-        pool = pool_devices(self._want, self.policy)
+        devices = pool_devices(self._want, self.policy)
+        pool = (devices, pool_counters(self._want))
         if pool == self._last_pool:
             return
-        specs = split(pool)
+        specs = split(*pool)
         generation = self.generation + 1
         wanted = {slice_name(self.node, self.driver, s.index) for s in specs}
         for spec in specs:
@@ -204,9 +238,10 @@ class SlicePublisher:
         self._last_pool = pool
         async with self._changed:
             self.publishes += 1
+            self.recorder.slices_published(self.resource, self.driver, ok=True)
             self._changed.notify_all()
         log.info(
-            "DRA driver %s: published %d devices in %d slices (generation %d)", self.driver, len(pool), len(specs), generation
+            "DRA driver %s: published %d devices in %d slices (generation %d)", self.driver, len(devices), len(specs), generation
         )
 
     async def _write(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -235,20 +270,27 @@ class SlicePublisher:
     # -- watching for changes behind our back --
 
     async def _watch_loop(self) -> None:
-        delay = self.backoff[0]
+        backoff = self._backoff()
         while True:
+            opened = time.monotonic()
+            events = 0
             try:
                 async for kind, obj in self.client.watch_slices(self.driver, self.node, self._resource_version):
-                    delay = self.backoff[0]
+                    backoff.reset()
+                    events += 1
                     self._on_event(kind, obj)
-                # The server ended the watch: go on from the last version seen.
-                continue
+                if events or time.monotonic() - opened >= SHORT_WATCH:
+                    continue  # the server ended the watch (or it went silent): go on from the last version seen
+                delay = next(backoff)
+                log.warning(
+                    "DRA driver %s: the watch of ResourceSlices ended at once; watching again in %.3g s", self.driver, delay
+                )
             except KubernetesError as exc:
-                log.warning("DRA driver %s: %s; watching again in %g s", self.driver, exc, delay)
+                delay = self._delay(backoff, exc)
+                log.warning("DRA driver %s: %s; watching again in %.3g s", self.driver, exc, delay)
                 self._external = True
                 self._wake.set()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff[1])
 
     def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         metadata = obj.get("metadata") or {}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import grpc
 
-from ..api import pluginregistration_v1_pb2 as pb
-from ..api import pluginregistration_v1_pb2_grpc as pb_grpc
+from cdiplug.api import pluginregistration_v1_pb2 as pb
+from cdiplug.api import pluginregistration_v1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,17 @@ advertises.)
 
 The only place DRA protobuf lives (with :mod:`.registration` and :mod:`.health` for theirs) and
 gRPC answers are chosen. Both versions have the same messages on the wire and are served by one
-implementation over :class:`~cdiplug.dra.prepare.ClaimPreparer`:
+implementation over a :class:`~cdiplug.dra.handler.ClaimHandler` (the driver's
+:class:`~cdiplug.dra.prepare.ClaimPreparer`): protobuf claims become frozen
+:class:`~cdiplug.dra.claims.ClaimRef` values, prepared claims become protobuf devices, and
+errors become answers in one place (:func:`answer_for`):
 
 - every claim of a call is handled concurrently; a claim that fails gets its ``error`` string in
   the answer (the kubelet retries it) while the others succeed — the protocol's way, rather than
   failing the whole call;
 - a claim without a UID, namespace or name is such an error too (InvalidRequest); a request
   protobuf cannot parse (a string that is not UTF-8) is INVALID_ARGUMENT naming the field
-  (:mod:`cdiplug.wire`), and claim names quoted in errors and logs are cut (:mod:`cdiplug.brief`);
+  (:mod:`cdiplug.wire.lenient`), and claim names quoted in errors and logs are cut (:mod:`cdiplug.toolkit.brief`);
 - errors that are not cdiplug's own are bugs: logged with their traceback, answered as an
   ``error`` naming their type, never a crash of the server.
 """
@@ -27,13 +30,13 @@ from typing import Any
 
 import grpc
 
-from ..api import dra_v1_pb2, dra_v1beta1_pb2
-from ..brief import brief
-from ..errors import CdiplugError, InvalidRequest
-from ..wire import Undecodable, lenient
-from .checkpoint import PreparedClaim
-from .claims import ClaimRef
-from .prepare import ClaimPreparer
+from cdiplug.api import dra_v1_pb2, dra_v1beta1_pb2
+from cdiplug.dra.checkpoint import PreparedClaim
+from cdiplug.dra.claims import ClaimRef
+from cdiplug.dra.handler import ClaimHandler
+from cdiplug.errors import CdiplugError, InvalidRequest
+from cdiplug.toolkit.brief import brief
+from cdiplug.wire.lenient import Rpc, Undecodable, add_lenient_service, status_for
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +59,42 @@ def _ref(claim: Any) -> ClaimRef:
     return ref
 
 
-def _message(exc: BaseException) -> str:
+def answer_for(exc: BaseException | Undecodable) -> tuple[grpc.StatusCode, str]:
+    """How an error is answered: the status of a whole call, and the message (a claim's ``error``).
+
+    A claim's failure is answered in its ``error`` string (the protocol's way: the kubelet retries
+    that claim) and the code, chosen by :func:`~cdiplug.wire.lenient.status_for` as for every RPC, is what
+    the call would get if it failed whole. cdiplug's own errors are the caller's or the node's;
+    anything else is a bug, named by its type.
+    """
+    if isinstance(exc, Undecodable):
+        return grpc.StatusCode.INVALID_ARGUMENT, exc.reason
     if isinstance(exc, CdiplugError):
-        return str(exc)
-    return f"internal error: {type(exc).__name__}: {exc}"
+        return status_for(exc), str(exc)
+    return status_for(exc), f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _message(exc: BaseException) -> str:
+    return answer_for(exc)[1]
+
+
+async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    if isinstance(request, Undecodable):
+        code, message = answer_for(request)
+        await context.abort(code, message)
 
 
 class _Plugin:
     """NodePrepareResources and NodeUnprepareResources for one protobuf module (v1 or v1beta1)."""
 
-    def __init__(self, preparer: ClaimPreparer, pb: ModuleType) -> None:
-        self.preparer = preparer
+    def __init__(self, handler: ClaimHandler, pb: ModuleType) -> None:
+        self.handler = handler
         self.pb = pb
 
     async def _prepare_one(self, claim: Any) -> Any:
         pb = self.pb
         try:
-            done: PreparedClaim = await self.preparer.prepare(_ref(claim))
+            done: PreparedClaim = await self.handler.prepare(_ref(claim))
         except Exception as exc:  # per claim: the kubelet retries this one
             self._log(exc, "prepare", claim)
             return pb.NodePrepareResourceResponse(error=_message(exc))
@@ -90,7 +112,7 @@ class _Plugin:
 
     async def _unprepare_one(self, claim: Any) -> Any:
         try:
-            await self.preparer.unprepare(_ref(claim))
+            await self.handler.unprepare(_ref(claim))
         except Exception as exc:
             self._log(exc, "unprepare", claim)
             return self.pb.NodeUnprepareResourceResponse(error=_message(exc))
@@ -99,13 +121,12 @@ class _Plugin:
     def _log(self, exc: BaseException, what: str, claim: Any) -> None:
         where = f"{brief(claim.namespace)}/{brief(claim.name)} ({brief(claim.uid)})"
         if isinstance(exc, CdiplugError):
-            log.error("cannot %s claim %s: %s", what, where, exc, extra={"resource": self.preparer.resource.name})
+            log.error("cannot %s claim %s: %s", what, where, exc, extra={"resource": self.handler.resource_name})
         else:
-            log.error("cannot %s claim %s", what, where, exc_info=exc, extra={"resource": self.preparer.resource.name})
+            log.error("cannot %s claim %s", what, where, exc_info=exc, extra={"resource": self.handler.resource_name})
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+        await _refuse_undecodable(request, context)
         answers = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
         response = self.pb.NodePrepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
@@ -113,8 +134,7 @@ class _Plugin:
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+        await _refuse_undecodable(request, context)
         answers = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
         response = self.pb.NodeUnprepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
@@ -123,25 +143,20 @@ class _Plugin:
 
 
 def _add(server: grpc.aio.Server, service: str, plugin: _Plugin) -> None:
-    """The generated ``add_DRAPluginServicer_to_server``, with :func:`lenient` request deserializers."""
+    """The generated ``add_DRAPluginServicer_to_server``, with lenient request deserializers."""
     pb = plugin.pb
-    handlers = {
-        "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
-            plugin.NodePrepareResources,
-            request_deserializer=lenient(pb.NodePrepareResourcesRequest),
-            response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+    rpcs = {
+        "NodePrepareResources": Rpc(
+            plugin.NodePrepareResources, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse.SerializeToString
         ),
-        "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
-            plugin.NodeUnprepareResources,
-            request_deserializer=lenient(pb.NodeUnprepareResourcesRequest),
-            response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+        "NodeUnprepareResources": Rpc(
+            plugin.NodeUnprepareResources, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse.SerializeToString
         ),
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
+    add_lenient_service(server, service, rpcs)
 
 
-def add_to_server(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
-    """Serve both versions of the DRA plugin service for ``preparer`` on ``server``."""
+def add_to_server(server: grpc.aio.Server, handler: ClaimHandler) -> None:
+    """Serve both versions of the DRA plugin service for ``handler`` on ``server``."""
     for pb in (dra_v1_pb2, dra_v1beta1_pb2):
-        _add(server, pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name, _Plugin(preparer, pb))
+        _add(server, pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name, _Plugin(handler, pb))

@@ -1,18 +1,28 @@
 """ResourceSlices from snapshots: pure functions from a resource's devices to slice bodies.
 
-What one driver publishes for one node (DESIGN.md "Contract: DRA"):
+What one driver publishes for one node (``docs/architecture.md``, "Contract: DRA"):
 
 - one pool named after the node, spread over slices of at most 128 devices (64 when any device of
   the pool carries a taint: the API server's limit for tainted slices); every slice carries the
   pool's generation and ``resourceSliceCount``;
 - device name = the device ID when it is a DNS label, else a deterministic mapping
-  (:func:`device_name`); attribute ``id`` always holds the original ID;
+  (:func:`cdiplug.models.names.dns_label_for`); attribute ``id`` always holds the original ID;
 - the backend's typed attributes (string, int, bool, version) under names the API accepts
   (:func:`attribute_name`), its quantities as capacity; at most 32 of both together per device;
-- an unhealthy device is either tainted (``cdiplug.dev/unhealthy``, effect ``NoSchedule``: the
-  scheduler allocates it to no new claim, claims holding it keep it) or, where the API server
-  drops device taints (the ``DRADeviceTaints`` gate is off), withdrawn from the slice. The
-  publisher decides which (:class:`UnhealthyPolicy`) by reading back what the server kept.
+- sharing (KEP-5075): a device the backend marks ``shared`` carries ``allowMultipleAllocations``
+  and its capacities' ``requestPolicy``, so the scheduler packs several claims onto it;
+- partitions (KEP-4815): the pool's counter sets (a whole device's slices and memory) go in
+  slices of their own (``sharedCounters``, no devices: the v1 rule), at most
+  :data:`MAX_COUNTER_SETS` each, after the device slices; partitions name what they consume
+  (``consumesCounters``) and, as tainted devices do, fill slices of at most 64;
+- taints named per cause (NVIDIA's pattern, README "Device taints"): an unhealthy device carries
+  one taint ``cdiplug.dev/<cause>=<code>`` (``cdiplug.dev/unhealthy=true`` when its backend named
+  no cause), effect ``NoSchedule``: the scheduler allocates it to no new claim, claims holding it
+  keep it; a healthy device with an informational cause carries its taint with effect ``None``;
+  a healthy device without one carries none, so a recovered device loses its taint. Where the
+  API server drops device taints (the ``DRADeviceTaints`` gate is off) an unhealthy device is
+  withdrawn from the slice instead. The publisher decides which (:class:`UnhealthyPolicy`) by
+  reading back what the server kept.
 
 Bodies are plain JSON-shaped dicts (``resource.k8s.io/v1``): the publisher sends them as they are.
 Nothing here does I/O.
@@ -29,21 +39,22 @@ from typing import Any
 
 from attrs import frozen
 
-from ..model import AttributeValue, Device, DeviceSnapshot, Version
-from ..names import is_dns_subdomain
+from cdiplug.models.devices import UNHEALTHY_CAUSE, AttributeValue, Device, DeviceSnapshot, RequestPolicy, Version
+from cdiplug.models.names import dns_label_for, is_dns_subdomain
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
-MAX_DEVICES_TAINTED = 64
+MAX_DEVICES_TAINTED = 64  # also when any device consumes counters
+MAX_COUNTER_SETS = 8  # per slice
 MAX_ATTRIBUTES = 32  # attributes and capacities together
 MAX_STRING = 64
 MAX_IDENTIFIER = 32
-UNHEALTHY_TAINT_KEY = "cdiplug.dev/unhealthy"
+TAINT_DOMAIN = "cdiplug.dev"
+UNHEALTHY_TAINT_KEY = f"{TAINT_DOMAIN}/{UNHEALTHY_CAUSE.name}"
 ID_ATTRIBUTE = "id"
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Semantic versions as the API server checks them (semver 2.0.0, no leading "v").
 _SEMVER = re.compile(
@@ -66,19 +77,6 @@ class OwnerNode:
 
     name: str
     uid: str
-
-
-def device_name(device_id: str) -> str:
-    """The device's name in a slice: the ID when it is a DNS label, else a stable mapped label.
-
-    The mapping lowers the case, turns other characters into ``-`` and appends 10 hex digits of
-    the ID's SHA-256, so two IDs never map to one name (``0000:3b:00.1`` -> ``0000-3b-00-1-<hash>``).
-    """
-    if _DNS_LABEL.fullmatch(device_id):
-        return device_id
-    digest = hashlib.sha256(device_id.encode()).hexdigest()[:10]
-    cleaned = re.sub(r"[^a-z0-9-]+", "-", device_id.lower()).strip("-")[: 63 - 11].strip("-")
-    return f"{cleaned}-{digest}" if cleaned else f"dev-{digest}"
 
 
 def attribute_name(name: str) -> str | None:
@@ -122,16 +120,50 @@ def device_attributes(device: Device) -> dict[str, dict[str, Any]]:
     return out
 
 
-def device_capacity(device: Device) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
+def request_policy(policy: RequestPolicy) -> dict[str, Any]:
+    """A capacity's ``requestPolicy`` as the API takes it."""
+    out: dict[str, Any] = {}
+    if policy.default is not None:
+        out["default"] = policy.default
+    if policy.valid_values:
+        out["validValues"] = list(policy.valid_values)
+    elif policy.min is not None:
+        valid_range = {"min": policy.min}
+        if policy.max is not None:
+            valid_range["max"] = policy.max
+        if policy.step is not None:
+            valid_range["step"] = policy.step
+        out["validRange"] = valid_range
+    return out
+
+
+def device_capacity(device: Device) -> dict[str, dict[str, Any]]:
+    policies = dict(device.capacity_policies) if device.shared else {}
+    out: dict[str, dict[str, Any]] = {}
     for key, quantity in device.capacity:
         name = attribute_name(key)
         if name is not None and name not in out:
             out[name] = {"value": quantity}
+            policy = policies.get(key)
+            if policy is not None and (body := request_policy(policy)):
+                out[name]["requestPolicy"] = body
     return out
 
 
-def device_body(device: Device, taint: bool) -> dict[str, Any]:
+def counters_body(counters: Iterable[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    return {name: {"value": value} for name, value in counters}
+
+
+def device_taint(device: Device) -> dict[str, str] | None:
+    """The device's taint: ``cdiplug.dev/<cause>=<code>``, ``NoSchedule`` while Unhealthy, ``None``
+    (informational) on a Healthy device with a cause; None for a Healthy device without one."""
+    cause = device.cause
+    if cause is None:
+        return None
+    return {"key": f"{TAINT_DOMAIN}/{cause.name}", "value": cause.code, "effect": "None" if device.healthy else "NoSchedule"}
+
+
+def device_body(device: Device) -> dict[str, Any]:
     attributes = device_attributes(device)
     capacity = device_capacity(device)
     # At most 32 attributes and capacities together: the ID first, then the backend's order.
@@ -139,20 +171,29 @@ def device_body(device: Device, taint: bool) -> dict[str, Any]:
     if len(attributes) > room:
         attributes = dict(list(attributes.items())[: max(room, 1)])
         capacity = dict(list(capacity.items())[: MAX_ATTRIBUTES - len(attributes)])
-    body: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
+    body: dict[str, Any] = {"name": dns_label_for(device.id), "attributes": attributes}
     if capacity:
         body["capacity"] = capacity
-    if taint:
-        body["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    if device.shared:
+        body["allowMultipleAllocations"] = True
+    if device.consumes_counters:
+        body["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": counters_body(c.counters)} for c in device.consumes_counters
+        ]
+    taint = device_taint(device)
+    if taint is not None:
+        body["taints"] = [taint]
     return body
 
 
 @frozen
 class SliceSpec:
-    """One slice to publish: its index in the pool and its ``spec`` (generation filled in later)."""
+    """One slice to publish: its index in the pool and its devices, or its counter sets
+    (generation filled in later)."""
 
     index: int
     devices: tuple[Mapping[str, Any], ...]
+    shared_counters: tuple[Mapping[str, Any], ...] = ()
 
 
 def pool_devices(snapshot: DeviceSnapshot | None, policy: UnhealthyPolicy) -> list[dict[str, Any]]:
@@ -163,19 +204,33 @@ def pool_devices(snapshot: DeviceSnapshot | None, policy: UnhealthyPolicy) -> li
     for device in snapshot.devices:
         if not device.healthy and policy is UnhealthyPolicy.WITHDRAW:
             continue
-        bodies.append(device_body(device, taint=not device.healthy))
+        bodies.append(device_body(device))
     return sorted(bodies, key=lambda b: str(b["name"]))
 
 
-def split(devices: Sequence[Mapping[str, Any]]) -> list[SliceSpec]:
-    """Devices in slices of at most 128 (64 when any is tainted); one empty slice for none.
+def pool_counters(snapshot: DeviceSnapshot | None) -> list[dict[str, Any]]:
+    """The counter sets of the pool, sorted by name (empty for a pool without partitions)."""
+    if snapshot is None:
+        return []
+    return sorted(
+        ({"name": c.name, "counters": counters_body(c.counters)} for c in snapshot.counter_sets), key=lambda b: str(b["name"])
+    )
+
+
+def split(devices: Sequence[Mapping[str, Any]], counter_sets: Sequence[Mapping[str, Any]] = ()) -> list[SliceSpec]:
+    """Devices in slices of at most 128 (64 when any is tainted or consumes counters), then the
+    counter sets in slices of their own (at most 8 each); one empty slice for no devices.
 
     An empty pool is still published (one slice without devices): it tells the scheduler that
     this node has none, rather than leaving it waiting for slices that never come.
     """
-    size = MAX_DEVICES_TAINTED if any("taints" in d for d in devices) else MAX_DEVICES
+    small = any("taints" in d or "consumesCounters" in d for d in devices)
+    size = MAX_DEVICES_TAINTED if small else MAX_DEVICES
     chunks = [tuple(devices[i : i + size]) for i in range(0, len(devices), size)] or [()]
-    return [SliceSpec(i, chunk) for i, chunk in enumerate(chunks)]
+    specs = [SliceSpec(i, chunk) for i, chunk in enumerate(chunks)]
+    for i in range(0, len(counter_sets), MAX_COUNTER_SETS):
+        specs.append(SliceSpec(len(specs), (), tuple(counter_sets[i : i + MAX_COUNTER_SETS])))
+    return specs
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -204,14 +259,18 @@ def slice_body(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": [dict(d) for d in spec.devices],
+            **(
+                {"sharedCounters": [dict(c) for c in spec.shared_counters]}
+                if spec.shared_counters
+                else {"devices": [dict(d) for d in spec.devices]}
+            ),
         },
     }
 
 
 def names_to_ids(devices: Iterable[Device]) -> dict[str, str]:
     """Slice device name -> device ID, for reading allocations back."""
-    return {device_name(d.id): d.id for d in devices}
+    return {dns_label_for(d.id): d.id for d in devices}
 
 
 def has_taints(body: Mapping[str, Any]) -> bool:

@@ -11,8 +11,8 @@ imports them.
 
 from __future__ import annotations
 
-from .backends import BackendHost, SnapshotListener, group_by_backend
-from .preparations import Preparations
-from .specs import SpecKeeper, SpecKeepers
+from cdiplug.host.backends import BackendHost, SnapshotListener, group_by_backend
+from cdiplug.host.preparations import Preparations
+from cdiplug.host.specs import SpecKeeper, SpecKeepers
 
 __all__ = ["BackendHost", "Preparations", "SnapshotListener", "SpecKeeper", "SpecKeepers", "group_by_backend"]

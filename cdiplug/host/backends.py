@@ -5,7 +5,10 @@ One backend runs per plugin, for all the resources that name it. The host:
 - **fans out**: each snapshot a backend publishes is kept as the resource's latest, shown to the
   backend's :class:`~cdiplug.host.preparations.Preparations` (changed devices are prepared again)
   and offered to the one front end serving that resource (:meth:`BackendHost.attach`; the latest
-  snapshot is replayed on attach, so start-up order does not matter);
+  snapshot is replayed on attach, so start-up order does not matter), then to the node-wide
+  observers (:meth:`BackendHost.observe`: node labels, health Events). Devices another API's pods
+  still use (:meth:`BackendHost.hold`, a resource moving between the device plugin and DRA) are
+  offered to the front end Unhealthy with the hold's cause;
 - **isolates faults**: a backend whose ``run`` raises is logged and run again after a backoff
   (1 s doubling to 60 s; back to 1 s after a run that lasted a minute). While it is down, its
   resources keep their last devices, advertised Unhealthy (the kubelet admits no new pods to them;
@@ -24,20 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 
-from ..backend import Abilities, Backend, BackendPlugin, abilities_of, load_plugins
-from ..errors import BackendInitError, CdiplugError
-from ..model import DeviceSnapshot, Health
-from ..resource import ResourceConfig
-from ..supervisor import Supervisor
-from ..telemetry import NULL_RECORDER, Recorder
-from ..world import World
-from .preparations import Preparations
-from .specs import SpecKeepers
+from cdiplug.backend import Abilities, Backend, BackendPlugin, abilities_of, load_plugins
+from cdiplug.errors import BackendInitError, CdiplugError
+from cdiplug.host.preparations import Preparations
+from cdiplug.host.specs import SpecKeepers
+from cdiplug.models.devices import DeviceSnapshot, Health, HealthCause
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
+from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
+from cdiplug.toolkit.backoff import Backoff
+from cdiplug.toolkit.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +127,9 @@ class BackendHost:
         self._by_resource: dict[str, _BackendRun] = {}
         self._latest: dict[str, DeviceSnapshot] = {}
         self._listeners: dict[str, SnapshotListener] = {}
+        self._observers: list[Callable[[DeviceSnapshot], None]] = []
+        # resource -> devices held elsewhere (None: every device, before we know which)
+        self._held: dict[str, tuple[frozenset[str] | None, HealthCause]] = {}
         self._started = False
 
     # -- what front ends ask --
@@ -148,10 +155,54 @@ class BackendHost:
         self._listeners[resource] = listener
         latest = self._latest.get(resource)
         if latest is not None:
-            listener.offer(latest)
+            listener.offer(self._holding(latest))
+
+    def hold(self, resource: str, device_ids: frozenset[str], cause: HealthCause) -> None:
+        """Offer the devices ``device_ids`` of ``resource`` Unhealthy with ``cause`` to its front end
+        until held again with fewer (none: as the backend reports them): what another API's pods
+        still use (a resource moving from the device plugin to DRA). The latest snapshot is offered
+        again at once."""
+        if device_ids:
+            self._held[resource] = (frozenset(device_ids), cause)
+        elif self._held.pop(resource, None) is None:
+            return
+        latest, listener = self._latest.get(resource), self._listeners.get(resource)
+        if latest is not None and listener is not None:
+            listener.offer(self._holding(latest))
+
+    def hold_all(self, resource: str, cause: HealthCause) -> None:
+        """Offer every device of ``resource`` Unhealthy with ``cause`` (those it reports later too)
+        until :meth:`hold` says which: another API's pods use some, and which is not known yet."""
+        self._held[resource] = (None, cause)
+        latest, listener = self._latest.get(resource), self._listeners.get(resource)
+        if latest is not None and listener is not None:
+            listener.offer(self._holding(latest))
+
+    def held(self, resource: str) -> frozenset[str]:
+        ids, _ = self._held.get(resource, (frozenset(), None))
+        if ids is None:
+            latest = self._latest.get(resource)
+            return frozenset(d.id for d in latest.devices) if latest is not None else frozenset()
+        return ids
+
+    def _holding(self, snapshot: DeviceSnapshot) -> DeviceSnapshot:
+        held = self._held.get(snapshot.resource)
+        if held is None:
+            return snapshot
+        ids, cause = held
+        devices = [
+            attrs.evolve(d, health=Health.UNHEALTHY, health_cause=cause) if ids is None or d.id in ids else d
+            for d in snapshot.devices
+        ]
+        return snapshot.with_devices(devices)
 
     def detach(self, resource: str) -> None:
         self._listeners.pop(resource, None)
+
+    def observe(self, observer: Callable[[DeviceSnapshot], None]) -> None:
+        """``observer`` sees every snapshot a backend reports, of every resource, after its front end
+        (node-wide things: node labels, health events); it must not block."""
+        self._observers.append(observer)
 
     # -- lifecycle --
 
@@ -227,8 +278,7 @@ class BackendHost:
 
     async def _run_backend(self, run: _BackendRun) -> None:
         loop = asyncio.get_running_loop()
-        initial, most = self.backoff
-        delay = initial
+        backoff = Backoff(*self.backoff)
         while True:
             started = loop.time()
             try:
@@ -239,8 +289,9 @@ class BackendHost:
             except BackendInitError:
                 raise  # told not to start empty: the daemon stops (exit 2)
             except Exception as exc:
-                if loop.time() - started >= most:
-                    delay = initial  # it ran well for a while: start the backoff afresh
+                if loop.time() - started >= backoff.cap:
+                    backoff.reset()  # it ran well for a while: start the backoff afresh
+                delay = next(backoff)
                 detail = str(exc) if isinstance(exc, CdiplugError) else f"{type(exc).__name__}: {exc}"
                 log.error(
                     "backend %s failed: %s; its resources stay registered with their devices Unhealthy; restarting in %g s",
@@ -252,7 +303,6 @@ class BackendHost:
                 self.recorder.backend_restarted(run.plugin)
                 self._mark_down(run)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, most)
             log.info("restarting backend %s", run.plugin)
 
     def _mark_down(self, run: _BackendRun) -> None:
@@ -262,7 +312,7 @@ class BackendHost:
             latest = self._latest.get(name)
             listener = self._listeners.get(name)
             if latest is not None and listener is not None:
-                listener.offer(all_unhealthy(latest))
+                listener.offer(all_unhealthy(self._holding(latest)))
 
     def _offer(self, run: _BackendRun, snapshot: DeviceSnapshot) -> None:
         if run.down:
@@ -274,4 +324,6 @@ class BackendHost:
         run.preparations.on_snapshot(snapshot)
         listener = self._listeners.get(snapshot.resource)
         if listener is not None:
-            listener.offer(snapshot)
+            listener.offer(self._holding(snapshot))
+        for observer in self._observers:
+            observer(snapshot)

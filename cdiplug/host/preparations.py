@@ -24,10 +24,11 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from ..backend import Preparer, Unpreparer
-from ..errors import CdiplugError, PreparationError
-from ..model import Device, DeviceSnapshot
-from ..telemetry import NULL_RECORDER, Recorder
+from cdiplug.backend import Preparer, Unpreparer
+from cdiplug.errors import CdiplugError, PreparationError
+from cdiplug.models.devices import Device, DeviceSnapshot
+from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
+from cdiplug.toolkit.keyedlock import KeyedLock
 
 log = logging.getLogger(__name__)
 
@@ -36,27 +37,6 @@ GroupKey = tuple[str, str]
 
 def group_key(device: Device) -> GroupKey:
     return ("group", device.prepare_group) if device.prepare_group is not None else ("device", device.id)
-
-
-class _GroupLocks:
-    """One asyncio.Lock per preparation group, forgotten once nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[GroupKey, tuple[asyncio.Lock, list[int]]] = {}
-
-    def acquire_ref(self, key: GroupKey) -> asyncio.Lock:
-        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
-        return lock
-
-    def release_ref(self, key: GroupKey) -> None:
-        users = self._locks[key][1]
-        users[0] -= 1
-        if users[0] == 0:
-            del self._locks[key]
-
-    def __len__(self) -> int:
-        return len(self._locks)
 
 
 class Preparations:
@@ -75,7 +55,7 @@ class Preparations:
         self.recorder = recorder
         # resource -> device ID -> (the value asked for, the value the backend returned)
         self._prepared: dict[str, dict[str, tuple[Device, Device]]] = {}
-        self._locks = _GroupLocks()
+        self._locks: KeyedLock[GroupKey] = KeyedLock()
         self._running: set[asyncio.Task[None]] = set()
 
     @property
@@ -136,33 +116,27 @@ class Preparations:
             log.warning("%s failed: %s", task.get_name(), task.exception())
 
     async def _prepare_group(self, resource: str, key: GroupKey, devices: list[Device]) -> None:
-        lock = self._locks.acquire_ref(key)
-        try:
-            async with lock:
-                todo = [d for d in devices if self._cached(resource, d) is None]  # done meanwhile?
-                if not todo:
-                    return
-                assert self.preparer is not None
-                try:
-                    done = tuple(await self.preparer.prepare(resource, todo))
-                except PreparationError:
-                    self.recorder.preparation_failed(resource)
+        async with self._locks(key):
+            todo = [d for d in devices if self._cached(resource, d) is None]  # done meanwhile?
+            if not todo:
+                return
+            assert self.preparer is not None
+            try:
+                done = tuple(await self.preparer.prepare(resource, todo))
+            except PreparationError:
+                self.recorder.preparation_failed(resource)
+                raise
+            except Exception as exc:
+                self.recorder.preparation_failed(resource)
+                if isinstance(exc, CdiplugError):
                     raise
-                except Exception as exc:
-                    self.recorder.preparation_failed(resource)
-                    if isinstance(exc, CdiplugError):
-                        raise
-                    raise PreparationError(todo[0].id, f"{type(exc).__name__}: {exc}") from exc
-                if len(done) != len(todo) or any(a.id != b.id for a, b in zip(todo, done)):
-                    self.recorder.preparation_failed(resource)
-                    raise PreparationError(
-                        todo[0].id, f"backend {self.backend} returned other devices than it was asked to prepare"
-                    )
-                prepared = self._prepared.setdefault(resource, {})
-                for given, result in zip(todo, done):
-                    prepared[given.id] = (given, result)
-        finally:
-            self._locks.release_ref(key)
+                raise PreparationError(todo[0].id, f"{type(exc).__name__}: {exc}") from exc
+            if len(done) != len(todo) or any(a.id != b.id for a, b in zip(todo, done)):
+                self.recorder.preparation_failed(resource)
+                raise PreparationError(todo[0].id, f"backend {self.backend} returned other devices than it was asked to prepare")
+            prepared = self._prepared.setdefault(resource, {})
+            for given, result in zip(todo, done):
+                prepared[given.id] = (given, result)
 
     # -- release --
 
@@ -177,9 +151,5 @@ class Preparations:
         for device in devices:
             groups.setdefault(group_key(device), []).append(device)
         for key in sorted(groups):
-            lock = self._locks.acquire_ref(key)
-            try:
-                async with lock:
-                    await self.unpreparer.unprepare(resource, [d.id for d in groups[key]])
-            finally:
-                self._locks.release_ref(key)
+            async with self._locks(key):
+                await self.unpreparer.unprepare(resource, [d.id for d in groups[key]])

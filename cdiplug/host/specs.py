@@ -26,10 +26,10 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..cdi.writer import SpecWriter
-from ..errors import CdiError
-from ..filewatch import FOLDER, FolderWatch, WatchError
-from ..model import DeviceSnapshot
+from cdiplug.cdi.writer import SpecWriter
+from cdiplug.errors import CdiError
+from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.toolkit.filewatch import FOLDER, FolderWatch, WatchError
 
 log = logging.getLogger(__name__)
 

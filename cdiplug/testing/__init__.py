@@ -6,14 +6,14 @@
   DRA calls: registers DRA drivers, calls NodePrepareResources / NodeUnprepareResources.
 - :class:`ApiServerStandIn` (``cdiplug.testing.apiserver``): an HTTP API server on 127.0.0.1 for
   ResourceSlices (list, watch, create, update, delete), ResourceClaims and Nodes.
-- :class:`SysfsTree` (``cdiplug.testing.sysfs``): builds fake sysfs trees of PCI functions.
-- :class:`FakeNvml` (``cdiplug.testing.nvml``): an NVML stand-in with topology and XID events.
 - :class:`RecordingSink` and ``running`` (``cdiplug.testing.sink``): run a backend under test and
   await what it reports.
 - :func:`running_daemon` (``cdiplug.testing.daemon``): the daemon of ``cdiplug serve`` in the
   caller's event loop until a block ends.
 
 Names are imported on first use, so using one fake does not import the others' dependencies.
+Fakes of what one backend talks to ship with that backend: ``cdiplug_backends.pci.testing``
+(``SysfsTree``, ``FakeSysfsKernel``) and ``cdiplug_backends.nvidia.testing`` (``FakeNvml``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ _EXPORTS = {
     "KubeletStandIn": "kubelet",
     "DraKubeletStandIn": "dra_kubelet",
     "ApiServerStandIn": "apiserver",
-    "SysfsTree": "sysfs",
-    "FakeNvml": "nvml",
     "RecordingSink": "sink",
     "PodResourcesStandIn": "pod_resources",
     "running_daemon": "daemon",

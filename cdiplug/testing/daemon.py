@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..backend import BackendPlugin
-from ..config import Config
-from ..daemon import serve
-from ..world import World
+from cdiplug.backend import BackendPlugin
+from cdiplug.config import Config
+from cdiplug.daemon import serve
+from cdiplug.models.world import World
 
 STOP_TIMEOUT = 20.0
 

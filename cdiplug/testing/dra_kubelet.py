@@ -7,7 +7,8 @@ an absolute endpoint, a supported service: it prefers ``v1.DRAPlugin``, then
 ``v1beta1.DRAPlugin``), answers ``NotifyRegistrationStatus`` and returns a
 :class:`DraPluginConnection` to the driver's ``dra.sock``. That connection calls
 ``NodePrepareResources`` / ``NodeUnprepareResources`` over the real socket, answering frozen
-:class:`ClaimResult` values, and reads the health stream (``NodeWatchResources``).
+:class:`ClaimResult` values, and reads the health stream (``NodeWatchResources``, ``v1beta1`` as Kubernetes 1.36 calls it or
+``v1alpha1`` as earlier ones do).
 
 Use in one event loop: ``async with DraKubeletStandIn(registry_dir) as kubelet:``.
 """
@@ -21,17 +22,42 @@ from types import ModuleType
 import grpc
 from attrs import frozen
 
-from ..api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, drahealth_v1alpha1_pb2
-from ..api import drahealth_v1alpha1_pb2_grpc as health_grpc
-from ..api import pluginregistration_v1_pb2 as reg_pb
-from ..api import pluginregistration_v1_pb2_grpc as reg_grpc
-from ..errors import CdiplugError
-from ..filewatch import FolderWatch
+from cdiplug.api import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    drahealth_v1alpha1_pb2,
+    drahealth_v1alpha1_pb2_grpc,
+    drahealth_v1beta1_pb2,
+    drahealth_v1beta1_pb2_grpc,
+)
+from cdiplug.api import pluginregistration_v1_pb2 as reg_pb
+from cdiplug.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from cdiplug.errors import CdiplugError
+from cdiplug.toolkit.filewatch import FolderWatch
 
 SERVICES: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
 }
+# The health service's versions, as the kubelet calls them (1.36: v1beta1, before: v1alpha1).
+HEALTH_SERVICES: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1beta1": (drahealth_v1beta1_pb2, drahealth_v1beta1_pb2_grpc),
+    "v1alpha1": (drahealth_v1alpha1_pb2, drahealth_v1alpha1_pb2_grpc),
+}
+
+
+@frozen
+class DeviceHealthReport:
+    """One device in one message of the health stream."""
+
+    pool: str
+    device: str
+    health: str  # HEALTHY / UNHEALTHY / UNKNOWN
+    last_updated_time: int
+    timeout_seconds: int
+    message: str  # why the device has this health
 
 
 class RegistrationRefused(CdiplugError):
@@ -106,11 +132,27 @@ class DraPluginConnection:
         response = await self._stub.NodeUnprepareResources(request, timeout=self.timeout)
         return {uid: r.error for uid, r in response.claims.items()}
 
-    async def health(self) -> AsyncIterator[dict[str, str]]:
+    async def health(self, version: str = "v1alpha1") -> AsyncIterator[dict[str, str]]:
         """The health stream: per message, device name -> HEALTHY / UNHEALTHY / UNKNOWN."""
-        stub = health_grpc.DRAResourceHealthStub(self._channel)
-        async for message in stub.NodeWatchResources(drahealth_v1alpha1_pb2.NodeWatchResourcesRequest()):
-            yield {d.device.device_name: drahealth_v1alpha1_pb2.HealthStatus.Name(d.health) for d in message.devices}
+        async for message in self.health_reports(version):
+            yield {r.device: r.health for r in message}
+
+    async def health_reports(self, version: str = "v1beta1") -> AsyncIterator[list[DeviceHealthReport]]:
+        """The health stream of ``version`` (v1beta1 or v1alpha1), every field of every message."""
+        pb, pb_grpc = HEALTH_SERVICES[version]
+        stub = pb_grpc.DRAResourceHealthStub(self._channel)
+        async for message in stub.NodeWatchResources(pb.NodeWatchResourcesRequest()):
+            yield [
+                DeviceHealthReport(
+                    pool=d.device.pool_name,
+                    device=d.device.device_name,
+                    health=pb.HealthStatus.Name(d.health),
+                    last_updated_time=d.last_updated_time,
+                    timeout_seconds=d.health_check_timeout_seconds,
+                    message=d.message,
+                )
+                for d in message.devices
+            ]
 
 
 class DraKubeletStandIn:
@@ -136,22 +178,23 @@ class DraKubeletStandIn:
         if self._watch is not None:
             await self._watch.__aexit__(None, None, None)
 
-    def socket(self, driver: str) -> Path:
-        return self.registry_dir / f"{driver}-reg.sock"
+    def socket(self, driver: str, pod_uid: str | None = None) -> Path:
+        """The registration socket of ``driver`` (of the daemon whose ``--pod-uid`` is ``pod_uid``)."""
+        return self.registry_dir / (f"{driver}-{pod_uid}-reg.sock" if pod_uid else f"{driver}-reg.sock")
 
-    async def wait_registered(self, driver: str, *, refuse: str | None = None) -> DraPluginConnection:
+    async def wait_registered(self, driver: str, *, refuse: str | None = None, pod_uid: str | None = None) -> DraPluginConnection:
         """Wait for the driver's registration socket, register it and connect to its endpoint.
 
         ``refuse`` answers NotifyRegistrationStatus with that error instead (and returns nothing usable).
         """
         assert self._watch is not None, "use as async context manager"
         watch = aiter(self._watch)
-        while not self.socket(driver).exists():
+        while not self.socket(driver, pod_uid).exists():
             await anext(watch)
-        return await self.register(driver, refuse=refuse)
+        return await self.register(driver, refuse=refuse, pod_uid=pod_uid)
 
-    async def register(self, driver: str, *, refuse: str | None = None) -> DraPluginConnection:
-        async with grpc.aio.insecure_channel(f"unix://{self.socket(driver)}") as channel:
+    async def register(self, driver: str, *, refuse: str | None = None, pod_uid: str | None = None) -> DraPluginConnection:
+        async with grpc.aio.insecure_channel(f"unix://{self.socket(driver, pod_uid)}") as channel:
             stub = reg_grpc.RegistrationStub(channel)
             answer = await stub.GetInfo(reg_pb.InfoRequest(), timeout=self.timeout, wait_for_ready=True)
             info = PluginInfo(answer.type, answer.name, answer.endpoint, tuple(answer.supported_versions))

@@ -41,12 +41,12 @@ from typing import TypeVar
 import attrs
 import grpc
 
-from ..api import deviceplugin_v1beta1_pb2 as pb
-from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ..errors import CdiplugError
-from ..model import ContainerAllocation, Device, Health
-from .kubelet_plugin import PluginConnection, describe_error, dial, listed_devices
-from .kubelet_records import (
+from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
+from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from cdiplug.errors import CdiplugError
+from cdiplug.models.devices import ContainerAllocation, Device, Health
+from cdiplug.testing.kubelet_plugin import PluginConnection, describe_error, dial, listed_devices
+from cdiplug.testing.kubelet_records import (
     ContainerResult,
     Event,
     PluginOptions,  # noqa: F401 - re-exported
@@ -54,7 +54,7 @@ from .kubelet_records import (
     PodResult,
     Registration,
 )
-from .kubelet_rules import API_VERSION, is_extended_resource_name, pick_devices, register_problem  # noqa: F401 - re-exported
+from cdiplug.testing.kubelet_rules import API_VERSION, is_extended_resource_name, pick_devices, register_problem  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import grpc
 
-from ..api import deviceplugin_v1beta1_pb2 as pb
-from ..api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ..model import ContainerAllocation, Device, DeviceNode, Health, Mount
-from .kubelet_records import PluginOptions, Registration
+from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
+from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from cdiplug.models.devices import ContainerAllocation, Device, DeviceNode, Health, Mount
+from cdiplug.testing.kubelet_records import PluginOptions, Registration
 
 
 class PluginConnection:

@@ -14,7 +14,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from ..model import ContainerAllocation
+from cdiplug.models.devices import ContainerAllocation
 
 
 class PodPhase(str, enum.Enum):

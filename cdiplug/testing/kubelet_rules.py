@@ -22,7 +22,7 @@ _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 def is_extended_resource_name(name: str) -> bool:
     """``IsExtendedResourceName`` of Kubernetes' ``pkg/apis/core/v1/helper``, rule for rule; kept
-    apart from ``cdiplug.names`` on purpose, so tests through the stand-in can catch a
+    apart from ``cdiplug.models.names`` on purpose, so tests through the stand-in can catch a
     mistake there."""
     if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
         return False

@@ -4,6 +4,7 @@
 ``GetAllocatableResources`` from what the test says pods hold::
 
     kubelet.hold("default", "vm-0", "compute", "example.com/nic-vfio", ["0000:3b:02.0"])
+    kubelet.hold_claim("default", "dra-pod", "main", "claim-0", "fpga.example.com", "node-a", "fpga-0")
     kubelet.release_pod("default", "vm-0")
 
 ``list_calls`` counts ``List`` calls; ``fail_with`` set to a ``grpc.StatusCode`` makes every call
@@ -20,8 +21,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ..api import podresources_v1_pb2 as pb
-from ..api import podresources_v1_pb2_grpc as pb_grpc
+from cdiplug.api import podresources_v1_pb2 as pb
+from cdiplug.api import podresources_v1_pb2_grpc as pb_grpc
 
 
 class PodResourcesStandIn(pb_grpc.PodResourcesListerServicer):
@@ -29,6 +30,8 @@ class PodResourcesStandIn(pb_grpc.PodResourcesListerServicer):
         self.socket = Path(socket)
         # (namespace, pod) -> container -> resource -> device IDs
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        # (namespace, pod) -> container -> (claim namespace, claim name, driver, pool, device)
+        self.claims: dict[tuple[str, str], dict[str, list[tuple[str, str, str, str, str]]]] = {}
         self.list_calls = 0
         self.fail_with: grpc.StatusCode | None = None
         self._server: grpc.aio.Server | None = None
@@ -37,15 +40,29 @@ class PodResourcesStandIn(pb_grpc.PodResourcesListerServicer):
         containers = self.pods.setdefault((namespace, pod), {})
         containers.setdefault(container, {}).setdefault(resource, []).extend(device_ids)
 
+    def hold_claim(self, namespace: str, pod: str, container: str, claim: str, driver: str, pool: str, device: str) -> None:
+        """A pod's container using ``device`` of ``driver`` through the claim ``namespace/claim`` (DRA)."""
+        self.pods.setdefault((namespace, pod), {}).setdefault(container, {})
+        self.claims.setdefault((namespace, pod), {}).setdefault(container, []).append((namespace, claim, driver, pool, device))
+
     def release_pod(self, namespace: str, pod: str) -> None:
         self.pods.pop((namespace, pod), None)
+        self.claims.pop((namespace, pod), None)
 
     def _pod(self, key: tuple[str, str]) -> pb.PodResources:
         namespace, name = key
         containers = [
             pb.ContainerResources(
                 name=cname,
-                devices=[pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in sorted(resources.items())],
+                devices=[pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in sorted(resources.items()) if ids],
+                dynamic_resources=[
+                    pb.DynamicResource(
+                        claim_name=claim,
+                        claim_namespace=ns,
+                        claim_resources=[pb.ClaimResource(driver_name=driver, pool_name=pool, device_name=device)],
+                    )
+                    for ns, claim, driver, pool, device in self.claims.get(key, {}).get(cname, [])
+                ],
             )
             for cname, resources in sorted(self.pods[key].items())
         ]

@@ -14,9 +14,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ..backend import Backend
-from ..model import DeviceSnapshot
-from ..resource import ResourceConfig
+from cdiplug.backend import Backend
+from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.models.resource import ResourceConfig
 
 DEADLINE = 5.0
 

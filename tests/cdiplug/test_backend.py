@@ -1,7 +1,9 @@
 """Backend plugins and abilities (cdiplug.backend): entry-point discovery and abilities_of.
 
-Discovery runs against the installed distribution's real ``cdiplug.backends`` entry points, and
-against hand-made EntryPoint objects for the broken cases.
+Discovery runs against the installed distribution's real ``cdiplug.backends`` entry points (read from the
+dist-info folders as ``importlib.metadata`` reads them), and against hand-made EntryPoint objects for the broken cases. Abilities
+are found structurally, so a backend that does not subclass a protocol still gets it; unprepare and
+release polling are separate (a DRA-only backend implements only ``unprepare``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from cdiplug.backend import (
     PluginRegistry,
     PreferredAllocator,
     Preparer,
-    PreStarter,
+    ReleasePoller,
+    Unpreparer,
     abilities_of,
     load_plugins,
 )
@@ -56,7 +59,7 @@ def test_plugins_are_imported_only_when_asked_for(monkeypatch):
 def test_an_entry_point_that_is_no_plugin_is_refused(monkeypatch):
     wrong = EntryPoint(name="wrong", value="os:path", group=ENTRY_POINT_GROUP)
     monkeypatch.setattr(backend_module, "entry_points", lambda group: [wrong])
-    with pytest.raises(BackendInitError, match=r"entry point wrong = os:path is not a cdiplug.backend.BackendPlugin"):
+    with pytest.raises(BackendInitError, match=r"entry point wrong = os:path is not a cdiplug.sdk.BackendPlugin"):
         load_plugins()["wrong"]
 
 
@@ -73,13 +76,19 @@ class Plain:
 class Everything(Plain):
     async def prepare(self, resource, devices) -> None: ...
 
+    async def unprepare(self, resource, device_ids) -> None: ...
+
+    def release_interval(self, resource) -> float | None:
+        return 1.0
+
+    async def releasable(self, resource):
+        return []
+
     def preferred_allocation(self, resource, snapshot, request):
         return None
 
     def affinity(self, resource, a, b) -> float:
         return 0.0
-
-    async def pre_start(self, resource, devices) -> None: ...
 
 
 class JustAffinity(Plain):
@@ -87,23 +96,39 @@ class JustAffinity(Plain):
         return 1.0
 
 
+class DraOnly(Plain):
+    """Undoes what it prepared when DRA says a claim is done; never polls for release."""
+
+    async def prepare(self, resource, devices) -> None: ...
+
+    async def unprepare(self, resource, device_ids) -> None: ...
+
+
 def test_abilities_are_found_once_per_backend():
     assert abilities_of(Plain()) == Abilities()
     everything = Everything()
     a = abilities_of(everything)
-    assert a.preparer is a.preferred is a.affinity is a.pre_starter is everything
+    assert a.preparer is a.unpreparer is a.release_poller is a.preferred is a.affinity is everything
     b = abilities_of(JustAffinity())
-    assert b.affinity is not None and b.preparer is b.preferred is b.pre_starter is None
+    assert b.affinity is not None and b.preparer is b.unpreparer is b.release_poller is b.preferred is None
     assert isinstance(everything, Backend) and isinstance(everything, Preparer) and isinstance(everything, PreferredAllocator)
-    assert isinstance(everything, PairwiseAffinity) and isinstance(everything, PreStarter)
+    assert (
+        isinstance(everything, PairwiseAffinity) and isinstance(everything, Unpreparer) and isinstance(everything, ReleasePoller)
+    )
     assert not isinstance(object(), Backend)
 
 
-def test_the_fake_backend_has_no_optional_abilities(world):
+def test_a_dra_only_backend_unprepares_without_release_polling():
+    dra_only = DraOnly()
+    a = abilities_of(dra_only)
+    assert a.preparer is a.unpreparer is dra_only and a.release_poller is None
+
+
+def test_the_fake_backend_has_no_optional_abilities_but_claim_configuration(world):
     from cdiplug.config import load_config
 
     backend = fake_plugin.create(load_config(None).resources, world)
-    assert isinstance(backend, Backend) and abilities_of(backend) == Abilities()
+    assert isinstance(backend, Backend) and abilities_of(backend) == Abilities(configurable=backend)
 
 
 def test_entry_points_are_read_from_dist_info_folders_as_importlib_metadata_reads_them(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""CDI names (``cdiplug.names``): kinds, device names, qualified names, the mapping of IDs that
+"""CDI names (``cdiplug.models.names``): kinds, device names, qualified names, the mapping of IDs that
 are not valid names, and spec file names. Pure functions, checked against the CDI naming rules
 with examples and hypothesis."""
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdiplug.errors import CdiNameError
-from cdiplug.names import (
+from cdiplug.models.names import (
+    cdi_device_name,
     check_kind,
-    device_name,
     device_name_problem,
     kind_problem,
     parse_qualified_name,
@@ -61,7 +61,7 @@ def test_invalid_kinds(kind: str) -> None:
 @pytest.mark.parametrize("name", ["fpga-0", "0000:3b:00.1", "GPU-8f1c2a3b-aaaa", "a", "7", "x_y.z:w-1"])
 def test_valid_device_names_are_kept(name: str) -> None:
     assert device_name_problem(name) is None
-    assert device_name(name) == name
+    assert cdi_device_name(name) == name
 
 
 @pytest.mark.parametrize("name", ["", "-a", "a-", ":a", "a:", ".", "..", "a/b", "../etc", "a b", "ä", "a\n"])
@@ -71,19 +71,19 @@ def test_invalid_device_names(name: str) -> None:
 
 @pytest.mark.parametrize("device_id", ["..", ".", "../../etc/passwd", "/", "a/b", "", " ", "-x-", "é", "x\x00y", "a b"])
 def test_bad_ids_map_to_safe_valid_names(device_id: str) -> None:
-    name = device_name(device_id)
+    name = cdi_device_name(device_id)
     assert DEVICE_RULE.fullmatch(name), name
     assert "/" not in name and name not in (".", "..")
-    assert device_name(device_id) == name  # deterministic
+    assert cdi_device_name(device_id) == name  # deterministic
 
 
 def test_mapping_keeps_the_readable_part() -> None:
-    assert device_name("pci/0000:3b:00.1").startswith("pci_0000:3b:00.1-")
+    assert cdi_device_name("pci/0000:3b:00.1").startswith("pci_0000:3b:00.1-")
 
 
 def test_similar_bad_ids_do_not_collide() -> None:
     ids = ["a/b", "a b", "a\tb", "a_b/", "/a_b", "a//b", "a%b"]
-    names = [device_name(i) for i in ids]
+    names = [cdi_device_name(i) for i in ids]
     assert len(set(names)) == len(ids)
     assert "a_b" not in names  # a mapped name never equals the valid ID it resembles
 
@@ -91,16 +91,16 @@ def test_similar_bad_ids_do_not_collide() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=40))
 def test_any_id_maps_to_a_valid_name(device_id: str) -> None:
-    name = device_name(device_id)
+    name = cdi_device_name(device_id)
     assert DEVICE_RULE.fullmatch(name)
     assert "/" not in name and name != ".."
-    assert device_name(device_id) == name
+    assert cdi_device_name(device_id) == name
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(max_size=12), unique=True, min_size=2, max_size=30))
 def test_distinct_ids_get_distinct_names(ids: list[str]) -> None:
-    assert len({device_name(i) for i in ids}) == len(ids)
+    assert len({cdi_device_name(i) for i in ids}) == len(ids)
 
 
 def test_qualified_names() -> None:

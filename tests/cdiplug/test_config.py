@@ -1,4 +1,4 @@
-"""Configuration (cdiplug.config): the YAML file of DESIGN.md, read from real files in tmp_path.
+"""Configuration (cdiplug.config): the YAML file of the README's "Configuration", read from real files in tmp_path.
 
 Covers the built-in default, defaults of every key, and every kind of error with its exact
 message, field path and file: wrong types, unknown keys, bad values, resource names as the
@@ -28,8 +28,8 @@ from cdiplug.config import (
 )
 from cdiplug.errors import BackendNotFound, ConfigError
 from cdiplug.host import group_by_backend
-from cdiplug.model import DEFAULT_ALLOCATE, AllocatePart
-from cdiplug.resource import ResourceConfig
+from cdiplug.models.devices import DEFAULT_ALLOCATE, AllocatePart
+from cdiplug.models.resource import ResourceConfig
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -99,13 +99,13 @@ ERRORS = [
     ("resources: {a: 1}\n", "expected a list, got dict {'a': 1}", "$.resources"),
     ("resources: []\n", "at least one resource is needed", "$.resources"),
     ("resources: [5]\n", "expected a mapping, got int 5", "$.resources[0]"),
-    ("resources:\n" + R + "other: 1\n", "unknown key 'other' (allowed: resources)", "$"),
+    ("resources:\n" + R + "other: 1\n", "unknown key 'other' (allowed: resources, node_labels, configurations)", "$"),
     ("resources:\n  - backend: fake\n", "required field missing", "$.resources[0].name"),
     ("resources:\n  - name: example.com/fpga\n", "required field missing", "$.resources[0].backend"),
     ("resources:\n  - {name: 5, backend: fake}\n", "expected a string, got int 5", "$.resources[0].name"),
     (
         "resources:\n" + R + "    replica: 2\n",
-        "unknown key 'replica' (allowed: name, backend, options, cdi_kind, allocate, replicas, api, dra_driver)",
+        "unknown key 'replica' (allowed: name, backend, options, cdi_kind, allocate, replicas, api, dra_driver, device_metadata, register_when_empty)",
         "$.resources[0]",
     ),
     (
@@ -154,7 +154,7 @@ ERRORS = [
     ("resources:\n" + R + "    options: {count: -1}\n", "must be between 0 and 65536, got -1", "$.resources[0].options.count"),
     (
         "resources:\n" + R + "    options: {counts: 1}\n",
-        "unknown key 'counts' (allowed: count, numa_nodes, health_file, attributes)",
+        "unknown key 'counts' (allowed: count, numa_nodes, health_file, attributes, prepared_dir, shared, capacity, partitions)",
         "$.resources[0].options",
     ),
 ]
@@ -267,7 +267,7 @@ def test_default_serve_path_imports_nothing_it_does_not_need():
     code = (
         "import sys, cdiplug.cli.serve, cdiplug.daemon; from cdiplug.config import load_config; load_config(None);"
         "heavy = ('yaml', 'json', 'prometheus_client', 'lightkube', 'pyroute2', 'pyudev', 'pynvml', 'cdiplug.dra',"
-        " 'cdiplug.cdi.build', 'cdiplug.metrics');"
+        " 'cdiplug.cdi.build', 'cdiplug.telemetry.metrics');"
         "bad = sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in heavy));"
         "print(bad); sys.exit(1 if bad else 0)"
     )

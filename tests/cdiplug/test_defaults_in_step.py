@@ -1,21 +1,24 @@
-"""The command line's copies of the default folders equal cdiplug.world's (the CLI keeps its own
-copies so that ``import cdiplug.cli`` stays cheap until the early signal handlers are in)."""
+"""The command line's default folders are cdiplug.models.world's (one source), and importing the
+command line stays cheap (no attrs, grpc or yaml) until the early signal handlers are in."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from cdiplug import cli, world
+import pytest
+
+from cdiplug import cli
+from cdiplug.models.world import World
 
 
-def test_cli_defaults_equal_the_worlds() -> None:
-    assert cli.DEFAULT_KUBELET_DIR == world.DEFAULT_KUBELET_DIR
-    assert cli.DEFAULT_CDI_DIR == world.DEFAULT_CDI_DIR
-    assert cli.DEFAULT_STATE_DIR == world.DEFAULT_STATE_DIR
-    assert cli.DEFAULT_POD_RESOURCES_SOCKET == world.DEFAULT_POD_RESOURCES_SOCKET
-    assert cli.DEFAULT_PLUGINS_REGISTRY_DIR == world.DEFAULT_PLUGINS_REGISTRY_DIR
-    assert cli.DEFAULT_PLUGINS_DIR == world.DEFAULT_PLUGINS_DIR
+def test_serve_without_folder_flags_builds_the_default_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    for flag in ("KUBELET_DIR", "CDI_DIR", "STATE_DIR", "SYSFS_ROOT", "DEV_ROOT", "POD_RESOURCES_SOCKET"):
+        monkeypatch.delenv(f"CDIPLUG_{flag}", raising=False)
+    for flag in ("PLUGINS_REGISTRY_DIR", "PLUGINS_DIR", "NODE_NAME", "KUBECONFIG"):
+        monkeypatch.delenv(f"CDIPLUG_{flag}", raising=False)
+    args = cli.build_parser("serve").parse_args(["serve"])
+    assert cli.world_from_args(args) == World()
 
 
 def test_importing_the_command_line_imports_neither_attrs_nor_grpc() -> None:

@@ -12,7 +12,7 @@ from cdiplug.backend import BackendPlugin
 from cdiplug.config import load_config, parse_config
 from cdiplug.discovery import discover_once
 from cdiplug.errors import BackendError
-from cdiplug.model import Device, DeviceSnapshot
+from cdiplug.models.devices import Device, DeviceSnapshot
 from cdiplug_backends.fake import plugin as fake_plugin
 
 

@@ -25,13 +25,13 @@ from prometheus_client import CollectorRegistry
 from cdiplug.backend import BackendPlugin, PluginRegistry, SnapshotSink
 from cdiplug.config import Config, parse_config
 from cdiplug.errors import BackendInitError
-from cdiplug.metrics import Metrics
-from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
 from cdiplug.node import Node
-from cdiplug.resource import ResourceConfig
-from cdiplug.supervisor import Supervisor
+from cdiplug.telemetry.metrics import Metrics
 from cdiplug.testing import KubeletStandIn
-from cdiplug.world import World
+from cdiplug.toolkit.supervisor import Supervisor
 from cdiplug_backends.fake import plugin as fake_plugin
 
 A, B, C, D = "example.com/alpha", "example.com/beta", "example.com/gamma", "example.com/delta"
@@ -86,13 +86,6 @@ class ScriptedBackend:
             self.cancelled = True
 
 
-class PreStartingBackend(ScriptedBackend):
-    created: list[ScriptedBackend]
-
-    async def pre_start(self, resource: str, devices: Sequence[Device]) -> None:
-        return None
-
-
 class FailingBackend(ScriptedBackend):
     """Publishes its devices, then fails (raises) whenever a test says, every run."""
 
@@ -113,14 +106,12 @@ class FailingBackend(ScriptedBackend):
 @pytest.fixture
 def plugins() -> PluginRegistry:
     ScriptedBackend.created = []
-    PreStartingBackend.created = []
     FailingBackend.created = []
     FailingBackend.runs = 0
     FailingBackend.fail = asyncio.Event()
     return PluginRegistry(
         {
             "scripted": BackendPlugin("scripted", ScriptedOptions, ScriptedBackend),
-            "prestart": BackendPlugin("prestart", ScriptedOptions, PreStartingBackend),
             "failing": BackendPlugin("failing", ScriptedOptions, FailingBackend),
             "fake": fake_plugin,
         }
@@ -330,7 +321,7 @@ async def test_kubelet_restart_with_wipe_registers_everything_again(running: Run
     await kubelet.restart(wipe=True)
     for name in (A, B, C):
         await running.registered_again(name, before[name])
-        assert running.manager.server(name).socket_present()
+        assert running.manager.front_end("device-plugin").server(name).socket_present()
         assert sample(registry, "cdiplug_reregistrations_total", resource=name) >= 1
     assert sample(registry, "cdiplug_kubelet_restarts_total") == 1
     assert kubelet.capacity(A) == 2
@@ -338,18 +329,18 @@ async def test_kubelet_restart_with_wipe_registers_everything_again(running: Run
 
 async def test_kubelet_restart_without_wipe_registers_everything_again(running: Running) -> None:
     before = {n: running.registrations(n) for n in (A, B, C)}
-    servers = {n: running.manager.server(n) for n in (A, B, C)}
+    servers = {n: running.manager.front_end("device-plugin").server(n) for n in (A, B, C)}
     await running.kubelet.restart(wipe=False)
     for name in (A, B, C):
         await running.registered_again(name, before[name])
-        assert running.manager.server(name) is servers[name]
+        assert running.manager.front_end("device-plugin").server(name) is servers[name]
 
 
 async def test_our_socket_removed_alone_serves_it_again(running: Running) -> None:
     before = {n: running.registrations(n) for n in (A, B, C)}
-    running.manager.server(B).socket_path.unlink()
+    running.manager.front_end("device-plugin").server(B).socket_path.unlink()
     await running.registered_again(B, before[B])
-    assert running.manager.server(B).socket_present()
+    assert running.manager.front_end("device-plugin").server(B).socket_present()
     assert running.registrations(A) == before[A]  # the others were left alone
 
 
@@ -359,7 +350,7 @@ async def test_our_socket_removed_alone_serves_it_again(running: Running) -> Non
 async def test_reload_adds_removes_and_changes_without_touching_the_rest(running: Running, registry: CollectorRegistry) -> None:
     manager, kubelet = running.manager, running.kubelet
     [old_scripted] = ScriptedBackend.created
-    server_a = manager.server(A)
+    server_a = manager.front_end("device-plugin").server(A)
     registration_a = kubelet.registration(A)
     await manager.reload(
         config_of(
@@ -375,10 +366,10 @@ async def test_reload_adds_removes_and_changes_without_touching_the_rest(running
     # C is gone: its socket too, and the kubelet lost its stream.
     assert not (running.world.kubelet_dir / "example.com-gamma.sock").exists()
     await kubelet.wait_until(lambda: kubelet.allocatable(C) == 0, 5, "C gone")
-    assert C not in manager.resources
+    assert C not in manager.front_end("device-plugin").resources
     assert sample(registry, "cdiplug_resource_ready", resource=C) == 0
     # A kept its server, its registration and its stream.
-    assert manager.server(A) is server_a
+    assert manager.front_end("device-plugin").server(A) is server_a
     assert kubelet.registration(A) is registration_a
     assert running.registrations(A) == 1
     assert kubelet.allocatable(A) == 2
@@ -429,26 +420,10 @@ async def test_reload_with_a_backend_that_cannot_start_changes_nothing(running: 
                 {"name": D, "backend": "fake"},
             )
         )
-    assert set(running.manager.resources) == {A, B, C}
+    assert set(running.manager.front_end("device-plugin").resources) == {A, B, C}
     assert not scripted.cancelled
     assert running.kubelet.capacity(C) == 1
     assert not (running.world.kubelet_dir / "example.com-delta.sock").exists()
-
-
-async def test_reload_that_changes_options_registers_again(running: Running) -> None:
-    before = running.registrations(A)
-    await running.manager.reload(
-        config_of(
-            running.plugins,
-            {"name": A, "backend": "prestart", "options": {"count": 2}},
-            {"name": B, "backend": "scripted", "options": {"count": 2}},
-            {"name": C, "backend": "fake", "options": {"count": 1}},
-        )
-    )
-    await running.registered_again(A, before)
-    registration = running.kubelet.registration(A)
-    assert registration is not None
-    assert registration.register_options.pre_start_required and registration.options.pre_start_required
 
 
 # -- stop --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdiplug.world import World
+from cdiplug.models.world import World
 
 FIGURES: dict[str, Any] = {}
 
@@ -59,10 +59,17 @@ def write_config(path: Path, resources: dict[str, int], **extra: Any) -> Path:
 
 
 def proc_figures(pid: int) -> dict[str, int]:
-    """RSS in KiB and open file descriptors of ``pid``, from /proc."""
+    """RSS in KiB, open file descriptors and how many of them are sockets, of ``pid``, from /proc."""
     status = Path(f"/proc/{pid}/status").read_text()
     rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return {"rss_kib": rss, "open_fds": len(os.listdir(f"/proc/{pid}/fd"))}
+    targets = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:  # closed between the listing and the read
+            continue
+    sockets = sum(t.startswith("socket:") for t in targets)
+    return {"rss_kib": rss, "open_fds": len(targets), "sockets": sockets}
 
 
 SCALE = max(1, int(os.environ.get("CDIPLUG_CHAOS_SCALE", "1")))

@@ -22,8 +22,8 @@ import grpc
 import pytest
 
 from cdiplug.cdi.spec import from_json
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
-from cdiplug.world import World
 
 from .conftest import SCALE, daemon_process, figure, proc_figures, write_config
 

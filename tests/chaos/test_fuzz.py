@@ -28,12 +28,12 @@ from cdiplug.config import load_config
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.server import MAX_DETAILS, ResourceServer
 from cdiplug.errors import ConfigError, InputError
-from cdiplug.model import MAX_NUMA_NODE, Device, DeviceSnapshot
-from cdiplug.resource import ResourceConfig
-from cdiplug.testing.sysfs import SysfsTree
+from cdiplug.models.devices import MAX_NUMA_NODE, Device, DeviceSnapshot
+from cdiplug.models.resource import ResourceConfig
 from cdiplug_backends.fake.backend import read_health_file
 from cdiplug_backends.pci.journal import Journal
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import SysfsTree
 
 from .conftest import SCALE, figure
 

@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 from cdiplug.cdi.spec import from_json
-from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
-from cdiplug.world import World
+from cdiplug.models.world import World
 from cdiplug_backends.pci.journal import Journal
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SysfsTree
 from cdiplug_backends.pci.vfio import VfioBinder
 
 from .conftest import SCALE, daemon_process, figure, write_config

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
 from cdiplug_backends.pci.journal import Journal
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SysfsTree
 from cdiplug_backends.pci.vfio import VfioBinder
 
 GROUP, VF = "40", "0000:3b:02.0"

@@ -16,11 +16,13 @@ runc, debootstrap, busybox-static and kubectl; a missing one fails with a messag
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -146,7 +148,21 @@ class Kube:
         )
 
     def wait_pod_ready(self, name: str, namespace: str, timeout: float = 90) -> dict[str, Any]:
-        self("wait", "-n", namespace, "--for=condition=Ready", f"pod/{name}", f"--timeout={int(timeout)}s", timeout=timeout + 10)
+        """The pod once Ready; on a timeout the failure shows its conditions and its events."""
+        try:
+            self(
+                "wait",
+                "-n",
+                namespace,
+                "--for=condition=Ready",
+                f"pod/{name}",
+                f"--timeout={int(timeout)}s",
+                timeout=timeout + 10,
+            )
+        except AssertionError as exc:
+            status = self.get(f"pod/{name}", namespace).get("status", {})
+            events = self("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", check=False)
+            raise AssertionError(f"{exc}\nconditions: {status.get('conditions')}\nevents:\n{events[-3000:]}") from None
         return self.get(f"pod/{name}", namespace)
 
     def delete_pods(self, namespace: str, *names: str, selector: str | None = None) -> None:
@@ -221,6 +237,33 @@ class Kube:
 
     def kubelet_pid(self) -> int:
         return int((self.state_dir / "run" / "kubelet.pid").read_text().split()[0])
+
+
+def write_health(text: str) -> None:
+    """Replace the fake backend's health file on the node atomically, as a ConfigMap update or an operator would."""
+    HEALTH_FILE.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=HEALTH_FILE.parent, prefix=".health-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, HEALTH_FILE)
+
+
+def wait_for_file(path: Path, present: bool, timeout: float = 60) -> None:
+    """Until ``path`` exists (or is gone): inotify on its folder, never polling."""
+    from cdiplug.toolkit.filewatch import FolderWatch
+
+    async def settle() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        async with FolderWatch(path.parent) as watch:
+            changes = aiter(watch)
+            while path.exists() != present:
+                await anext(changes)
+
+    try:
+        asyncio.run(asyncio.wait_for(settle(), timeout))
+    except TimeoutError:
+        raise AssertionError(f"{path} {'never appeared' if present else 'still there'} after {timeout} s") from None
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -318,3 +361,28 @@ def pods(kube: Kube, cdiplug: dict[str, Any]) -> Iterator[Callable[..., dict[str
 
     yield make
     kube.delete_pods(TEST_NAMESPACE, selector=TEST_LABEL)
+
+
+@pytest.fixture(scope="session")
+def multinode() -> Iterator[tuple[Kube, list[dict[str, Any]]]]:
+    """The multi-node cluster (``hack/local-cluster.sh up --nodes``: ``CDIPLUG_NODES``, a number or
+    a node file, default 3) with the cdiplug image built and imported on every node; yields a
+    ``Kube`` (its ``node`` the first node) and the node list as the cluster uses it. Brought down
+    at the end only if this session brought it up (and not with ``CDIPLUG_CLUSTER_KEEP=1``)."""
+    if os.geteuid() != 0:
+        pytest.fail("the cluster tests run kubelets and runtimes: run them as root", pytrace=False)
+    missing = [
+        tool for tool in ("kubectl", "podman", "runc", "etcd", "conmon", "jq", "unshare", "nsenter") if shutil.which(tool) is None
+    ]
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: apt-get install podman runc etcd-server conmon jq util-linux", pytrace=False)
+    import yaml
+
+    was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True, check=False).returncode == 0
+    script("up", "--nodes", os.environ.get("CDIPLUG_NODES", "3"))
+    script("images")
+    env = dict(line.removeprefix("export ").split("=", 1) for line in script("env").splitlines() if "=" in line)
+    nodes = yaml.safe_load(Path(env["CDIPLUG_NODES_FILE"]).read_text())
+    yield Kube(Path(env["KUBECONFIG"]), Path(env["CDIPLUG_CLUSTER_DIR"]), nodes[0]["name"]), nodes
+    if not was_up and not os.environ.get("CDIPLUG_CLUSTER_KEEP"):
+        script("down")

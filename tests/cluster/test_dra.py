@@ -21,16 +21,15 @@ after each test, waiting until the kubelet has unprepared them.
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from .conftest import HEALTH_FILE, wait_for_file, write_health
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -45,34 +44,7 @@ TEST_NAMESPACE = "cdiplug-dra-test"
 LABEL = "cdiplug.test/dra"
 DRIVER = "fpga.example.com"
 CDI_DIR = Path("/var/run/cdi")
-HEALTH_FILE = Path("/var/lib/cdiplug/fake-health.yaml")
 DONGLE = "example.com/dra-dongle"  # the test overlay's name for the overlay's example.com/dongle
-
-
-def write_health(text: str) -> None:
-    """Replace the fake backend's health file on the node atomically."""
-    HEALTH_FILE.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=HEALTH_FILE.parent, prefix=".health-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, HEALTH_FILE)
-
-
-def wait_gone(path: Path, timeout: float = 60) -> None:
-    """Until ``path`` is removed (inotify on its folder; never polls)."""
-    from cdiplug.filewatch import FolderWatch
-
-    async def gone() -> None:
-        async with FolderWatch(path.parent) as watch:
-            changes = aiter(watch)
-            while path.exists():
-                await anext(changes)
-
-    try:
-        asyncio.run(asyncio.wait_for(gone(), timeout))
-    except TimeoutError:
-        raise AssertionError(f"{path} still there after {timeout} s") from None
 
 
 def example(name: str) -> list[dict[str, Any]]:
@@ -126,14 +98,8 @@ def fpga_env(kube: Any, pod: str) -> str | None:
 
 
 def ready(kube: Any, name: str, timeout: float = 120) -> dict[str, Any]:
-    """The pod once Ready; on a timeout the failure shows its conditions and events."""
-    try:
-        pod: dict[str, Any] = kube.wait_pod_ready(name, TEST_NAMESPACE, timeout=timeout)
-        return pod
-    except AssertionError as exc:
-        status = kube.get(f"pod/{name}", TEST_NAMESPACE).get("status", {})
-        events = kube("get", "events", "-n", TEST_NAMESPACE, "--field-selector", f"involvedObject.name={name}", check=False)
-        raise AssertionError(f"{exc}\nconditions: {status.get('conditions')}\nevents:\n{events[-3000:]}") from None
+    pod: dict[str, Any] = kube.wait_pod_ready(name, TEST_NAMESPACE, timeout=timeout)
+    return pod
 
 
 def is_unschedulable(pod: dict[str, Any]) -> bool:
@@ -228,7 +194,7 @@ def test_claims_get_distinct_devices_and_the_third_waits(dra: Any, apply: Callab
     dra.watch("pod/claim-c", is_unschedulable, namespace=TEST_NAMESPACE, what="claim-c Pending: no device left")
 
     dra.delete_pods(TEST_NAMESPACE, "claim-a")
-    wait_gone(spec_file)  # unprepared: the claim's spec is gone
+    wait_for_file(spec_file, present=False)  # unprepared: the claim's spec is gone
     ready(dra, "claim-c")
     assert fpga_env(dra, "claim-c") == devices_of(claim_a)[0]  # the freed device is used again
 

@@ -7,29 +7,18 @@ and the running pod holding it shows it in ``status.containerStatuses[].allocate
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import HEALTH_FILE, write_health
 
 # The first test's setup may bring the node up and build the image (minutes from scratch).
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 TEST_NAMESPACE = "cdiplug-cluster-test"
 FPGA = "example.com/fpga"
-HEALTH_FILE = Path("/var/lib/cdiplug/fake-health.yaml")
-
-
-def write_health(text: str) -> None:
-    """Replace the health file atomically, as a ConfigMap update or an operator would."""
-    fd, tmp = tempfile.mkstemp(dir=HEALTH_FILE.parent, prefix=".health-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, HEALTH_FILE)
 
 
 @pytest.fixture

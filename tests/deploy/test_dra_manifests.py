@@ -6,7 +6,9 @@ token is mounted; the RBAC grants exactly the slice, claim and node calls the da
 admission policy ties slice writes to the daemon's own node; one DeviceClass per DRA resource of
 the config, selecting its driver, with its extendedResourceName; the examples: a claim template
 for one device, the "fastest" prioritized list over the speed attribute the config gives, and a
-classic pod on the extended resource.
+classic pod on the extended resource; the DRA DaemonSet rolls with maxSurge 1 / maxUnavailable 0 and
+passes metadata.uid as CDIPLUG_POD_UID, serves DRA resources only, and holds nothing two pods on
+one node could not share; every device-plugin DaemonSet keeps maxSurge 0.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import PurePosixPath
 import yaml
 
 from cdiplug.config import parse_config
-from cdiplug.resource import Api
+from cdiplug.models.resource import Api
 
 from .test_manifests import DEPLOY, _find, daemon, render
 
@@ -46,6 +48,13 @@ def test_rbac_is_what_the_daemon_calls() -> None:
             "verbs": ["get", "list", "watch", "create", "update", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch", "update"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/driver"],
+            "resourceNames": ["fpga.example.com"],  # the overlay's driver (config.yaml)
+            "verbs": ["associated-node:patch", "associated-node:update"],
+        },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
     ]
     (subject,) = _find(objects, "ClusterRoleBinding", "cdiplug-dra")["subjects"]
@@ -62,7 +71,7 @@ def test_rbac_is_what_the_daemon_calls() -> None:
 def test_one_device_class_per_dra_resource() -> None:
     config = dra_config()
     dra = [r for r in config.resources if r.api is Api.DRA]
-    assert [r.name for r in config.resources if r.api is Api.DEVICE_PLUGIN] == ["example.com/dongle"]
+    assert dra
     classes = [o for o in render(DEPLOY / "overlays/dra") if o["kind"] == "DeviceClass"]
     assert {c["metadata"]["name"]: c["spec"] for c in classes} == {
         r.dra_driver: {
@@ -88,8 +97,28 @@ def test_examples() -> None:
     assert pods["dra-classic-pod"]["containers"][0]["resources"]["limits"] == {"example.com/fpga": 1}
 
 
-def test_the_cluster_tests_config_is_the_overlays_with_the_dongle_renamed() -> None:
+def test_the_cluster_tests_config_is_the_overlays_plus_a_renamed_dongle() -> None:
     test_copy = DEPLOY.parent / "tests" / "cluster" / "overlays" / "dra" / "config.yaml"
     ours, theirs = (yaml.safe_load(p.read_text()) for p in (test_copy, DEPLOY / "overlays/dra/config.yaml"))
-    theirs["resources"][1]["name"] = "example.com/dra-dongle"
-    assert ours == theirs
+    assert ours["resources"][: len(theirs["resources"])] == theirs["resources"]
+    assert [r["name"] for r in ours["resources"][len(theirs["resources"]) :]] == ["example.com/dra-dongle"]
+
+
+def test_the_dra_daemonset_upgrades_side_by_side_and_serves_dra_only() -> None:
+    d = daemon("overlays/dra")
+    strategy = d.daemonset["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    env = {e["name"]: e for e in d.container["env"]}
+    assert env["CDIPLUG_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert "--pod-uid" not in d.flags  # from the environment: the downward API has no args form for it
+    # Surging is safe for DRA only: the kubelet's device-plugin manager has no takeover.
+    assert [r.name for r in dra_config().resources if r.api is not Api.DRA] == []
+    # Two pods on one node at once: nothing in the pod that only one of them can hold.
+    assert not d.pod.get("hostNetwork")
+    assert all("hostPort" not in p for c in d.pod["containers"] for p in c.get("ports", []))
+
+
+def test_device_plugin_daemonsets_never_surge() -> None:
+    for overlay in ("base", "overlays/fake", "overlays/hardware"):
+        rolling = daemon(overlay).daemonset["spec"]["updateStrategy"]["rollingUpdate"]
+        assert rolling["maxSurge"] == 0, overlay

@@ -6,7 +6,11 @@ the stand-in only imitates: lightkube with a kubeconfig over TLS; the slice publ
 (several slices, generations, field selectors) as the real server stores them; device taints kept
 by the 1.36 server (so unhealthy devices are tainted, not withdrawn); a slice deleted behind the
 publisher's back comes back; a ResourceClaim's allocation read back from the status the
-scheduler would write; the DRA overlay and example claims accepted by the server (dry run).
+scheduler would write; ``node-capacity``'s JSON Patch on a node's status as the real server applies it; the DRA overlay and example claims accepted by the server (dry run). The server runs
+``--authorization-mode Node,RBAC``: the claim device status (KEP-4817) our driver applies is
+refused (422) by 1.36's granular status authorization to the overlay's role less
+``resourceclaims/driver`` and to a pod's token on another node, accepted with the role as
+shipped, keeps another driver's entry, is cleared by an empty apply, and a wrong UID is refused.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ from typing import Any
 
 import attrs
 import pytest
+import yaml
 
+from cdiplug.dra import status
 from cdiplug.dra.claims import AllocatedDevice, ClaimRef, allocated
-from cdiplug.dra.kubeclient import LightkubeClient, load_config
 from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.dra.slices import UnhealthyPolicy
-from cdiplug.model import Device, DeviceSnapshot, Health
+from cdiplug.errors import KubernetesError
+from cdiplug.kube.client import LightkubeClient
+from cdiplug.kube.credentials import load_kubeconfig
+from cdiplug.kube.node_capacity import NodeCapacity, NodeCapacityError
+from cdiplug.models.devices import Device, DeviceSnapshot, Health
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +118,7 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             subprocess.Popen(
                 [str(binary), "--etcd-servers", etcd_url, "--bind-address", "127.0.0.1", "--secure-port", str(port),
                  "--advertise-address", "127.0.0.1", "--tls-cert-file", "tls.crt", "--tls-private-key-file", "tls.key",
-                 "--token-auth-file", "tokens.csv", "--authorization-mode", "AlwaysAllow",
+                 "--token-auth-file", "tokens.csv", "--authorization-mode", "Node,RBAC",
                  "--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", "sa.key",
                  "--service-account-signing-key-file", "sa.key", "--endpoint-reconciler-type", "none",
                  "--service-cluster-ip-range", "10.96.0.0/16"],
@@ -160,7 +169,7 @@ def kubectl(kubeconfig: Path, *args: str, input: Any = None) -> str:
 
 @pytest.fixture
 async def client(apiserver: Path) -> AsyncIterator[LightkubeClient]:
-    client = LightkubeClient(load_config(apiserver))
+    client = LightkubeClient(load_kubeconfig(apiserver))
     yield client
     await client.close()
 
@@ -209,11 +218,26 @@ async def test_claim_allocation_as_the_scheduler_writes_it(client: LightkubeClie
     }
     created = json.loads(kubectl(apiserver, "create", "-f", "-", "-o", "json", input=claim))
     results = [{"request": "fpga", "driver": DRIVER, "pool": "n1", "device": "fpga-7"}]
-    created["status"] = {"allocation": {"devices": {"results": results}}}
+
+    def opaque(driver: str, mode: str) -> dict[str, object]:
+        return {"driver": driver, "parameters": {"apiVersion": "cdiplug.dev/v1alpha1", "kind": "FakeConfig", "mode": mode}}
+
+    # as the scheduler copies them: the claim's entries may come first in the list; the class's still rank below
+    config = [
+        {"source": "FromClaim", "requests": ["fpga"], "opaque": opaque(DRIVER, "claim")},
+        {"source": "FromClass", "opaque": opaque(DRIVER, "class")},
+        {"source": "FromClaim", "opaque": opaque("other.example.com", "not ours")},
+    ]
+    created["status"] = {"allocation": {"devices": {"results": results, "config": config}}}
     kubectl(apiserver, "replace", "--subresource=status", "-f", "-", input=created)
     got = await client.get_claim("default", "c1")
     ref = ClaimRef("default", "c1", got["metadata"]["uid"])
-    assert allocated(got, ref, DRIVER, "n1") == (AllocatedDevice("fpga", "n1", "fpga-7"),)
+    claim = allocated(got, ref, DRIVER, "n1")
+    assert claim.results == (AllocatedDevice("fpga", "n1", "fpga-7"),)
+    assert [(c.source.value, c.requests, c.parameters["mode"]) for c in claim.configs_for("fpga")] == [
+        ("FromClass", (), "class"),
+        ("FromClaim", ("fpga",), "claim"),
+    ]
 
 
 def test_the_dra_manifests_are_accepted(apiserver: Path) -> None:
@@ -235,3 +259,185 @@ def test_the_dra_manifests_are_accepted(apiserver: Path) -> None:
     fastest = next(i for i in items if i["metadata"]["name"] == "fastest-fpga")
     (request,) = fastest["spec"]["spec"]["devices"]["requests"]
     assert [s["name"] for s in request["firstAvailable"]] == ["fast", "any"]  # kept by the server: prioritized lists are on
+
+
+def test_node_capacity_through_the_real_server(apiserver: Path) -> None:
+    # No kubelet here: the node's status gets the capacity a kubelet would have reported.
+    status = json.dumps({"status": {"capacity": {"cpu": "2", "pods": "110"}}})
+    kubectl(apiserver, "patch", "node", "n1", "--subresource=status", "--type=merge", "-p", status)
+    client = NodeCapacity(load_kubeconfig(apiserver), timeout=30)
+    assert client.set("n1", {"example.com/dongle": 4})["example.com/dongle"] == "4"
+    node = json.loads(kubectl(apiserver, "get", "node", "n1", "-o", "json"))
+    assert node["status"]["capacity"]["example.com/dongle"] == "4"
+    assert client.remove("n1", ["example.com/dongle"]) == {"cpu": "2", "pods": "110"}
+    with pytest.raises(NodeCapacityError, match="n1.*cannot remove, most likely a named resource is not in its capacity"):
+        client.remove("n1", ["example.com/dongle"])
+    with pytest.raises(NodeCapacityError, match="node 'n9' on https://127.0.0.1:.*node not found"):
+        client.set("n9", {"example.com/dongle": 1})
+
+
+def _as_user(apiserver: Path, token: str, path: Path) -> Path:
+    config = json.loads(apiserver.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token}}]
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _roles(without_driver: bool) -> list[dict[str, Any]]:
+    """The overlay's DRA ClusterRole rules (optionally less resourceclaims/driver), as the daemon gets them."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/overlays/dra/rbac.yaml").read_text()) if d]
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    rules: list[dict[str, Any]] = role["rules"]
+    return [r for r in rules if not (without_driver and "resourceclaims/driver" in r["resources"])]
+
+
+async def test_claim_device_status_needs_the_driver_verb_and_keeps_others(apiserver: Path, tmp_path: Path) -> None:
+    # KEP-4817 with 1.36's granular status authorization, against the real server with Node,RBAC:
+    # the overlay's role less resourceclaims/driver is refused; the role as shipped writes our
+    # entries of status.devices (server-side apply), another driver's entry is kept, and clearing
+    # removes only ours. The token is bound to a pod on n1, as the DaemonSet's is (its node name).
+    ns = "status-e2e"
+    kubectl(apiserver, "create", "namespace", ns)
+    kubectl(apiserver, "create", "serviceaccount", "driver", "-n", ns)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "driver-pod", "namespace": ns},
+        "spec": {"nodeName": "n1", "serviceAccountName": "driver", "containers": [{"name": "c", "image": "cdiplug"}]},
+    }
+    kubectl(apiserver, "create", "-f", "-", input=pod)
+    for which, without in (("less", True), ("full", False)):
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"status-e2e-{which}"},
+            "rules": _roles(without),
+        }
+        kubectl(apiserver, "create", "-f", "-", input=role)
+    kubectl(
+        apiserver, "create", "clusterrolebinding", "status-e2e", "--clusterrole=status-e2e-less", f"--serviceaccount={ns}:driver"
+    )
+    bound = ["create", "token", "driver", "-n", ns, "--bound-object-kind", "Pod", "--bound-object-name", "driver-pod"]
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(apiserver), *bound], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    token = done.stdout.strip()
+    results = [
+        {"request": "fpga", "driver": DRIVER, "pool": "n1", "device": "fpga-1"},
+        {"request": "other", "driver": "other.example.com", "pool": "n1", "device": "x"},
+    ]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c-status", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "fpga", "exactly": {"deviceClassName": DRIVER}},
+                    {"name": "other", "exactly": {"deviceClassName": "other"}},
+                ]
+            }
+        },
+    }
+    created = json.loads(kubectl(apiserver, "create", "-f", "-", "-o", "json", input=claim))
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}
+    created["status"] = {"allocation": {"devices": {"results": results}, "nodeSelector": selector}}
+    kubectl(apiserver, "replace", "--subresource=status", "-f", "-", input=created)
+    uid = created["metadata"]["uid"]
+    theirs = {"driver": "other.example.com", "pool": "n1", "device": "x", "data": {"theirs": True}}
+    admin = LightkubeClient(load_kubeconfig(apiserver))
+    driver = LightkubeClient(load_kubeconfig(_as_user(apiserver, token, tmp_path / "driver.kubeconfig")))
+    try:
+        await admin.apply_claim_status(ns, "c-status", status.apply_body(ns, "c-status", uid, [theirs]), "other-driver")
+        device = Device("fpga-1", numa_nodes=(0,), attributes={"speed": 9, "model": "fake fpga"})
+        ours = status.device_status(DRIVER, "n1", "fpga-1", device)
+        body = status.apply_body(ns, "c-status", uid, [ours])
+        with pytest.raises(KubernetesError) as refused:
+            await driver.apply_claim_status(ns, "c-status", body, status.field_manager(DRIVER))
+        # refused by the status strategy's validation (a field error), so 422 rather than RBAC's 403
+        assert refused.value.status == 422, refused.value
+        assert 'cannot associated-node:patch resource "resourceclaims/driver"' in str(refused.value), refused.value
+
+        kubectl(apiserver, "delete", "clusterrolebinding", "status-e2e")
+        kubectl(
+            apiserver,
+            "create",
+            "clusterrolebinding",
+            "status-e2e",
+            "--clusterrole=status-e2e-full",
+            f"--serviceaccount={ns}:driver",
+        )
+        deadline = time.monotonic() + 30  # RBAC's informer picks the binding up: nothing to await from here
+        while True:
+            try:
+                written = await driver.apply_claim_status(ns, "c-status", body, status.field_manager(DRIVER))
+                break
+            except KubernetesError as exc:
+                assert exc.status == 422 and time.monotonic() < deadline, exc
+                await asyncio.sleep(0.2)
+        got = json.loads(kubectl(apiserver, "get", "resourceclaim", "c-status", "-n", ns, "-o", "json"))
+        assert [(d["driver"], d["device"]) for d in written["status"]["devices"]] == [
+            (d["driver"], d["device"]) for d in got["status"]["devices"]
+        ]
+        by_driver = {d["driver"]: d for d in got["status"]["devices"]}
+        assert by_driver["other.example.com"]["data"] == {"theirs": True}
+        kept = by_driver[DRIVER]
+        assert kept["conditions"][0]["type"] == "Ready" and kept["conditions"][0]["status"] == "True"
+        assert kept["data"] == {"id": "fpga-1", "attributes": {"speed": 9, "model": "fake fpga"}, "numaNodes": [0]}
+        assert got["status"]["allocation"]["devices"]["results"] == results
+
+        # associated-node: the same role from a pod on another node (n2; the claim is on n1) is refused:
+        # that would need arbitrary-node:patch. (Unchanged entries need no driver verb at all, so
+        # the entry is changed here.)
+        kubectl(apiserver, "create", "-f", "-", input={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}})
+        kubectl(
+            apiserver,
+            "create",
+            "-f",
+            "-",
+            input={**pod, "metadata": {"name": "elsewhere", "namespace": ns}, "spec": {**pod["spec"], "nodeName": "n2"}},
+        )
+        bound[-1] = "elsewhere"
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(apiserver), *bound], capture_output=True, text=True, check=False, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        other_node = LightkubeClient(load_kubeconfig(_as_user(apiserver, done.stdout.strip(), tmp_path / "n2.kubeconfig")))
+        try:
+            with pytest.raises(KubernetesError) as elsewhere:
+                changed = status.device_status(DRIVER, "n1", "fpga-1", device, now="2020-01-01T00:00:00Z")
+                await other_node.apply_claim_status(
+                    ns, "c-status", status.apply_body(ns, "c-status", uid, [changed]), status.field_manager(DRIVER)
+                )
+            assert elsewhere.value.status == 422 and "arbitrary-node:patch" in str(elsewhere.value), elsewhere.value
+        finally:
+            await other_node.close()
+
+        # data over the server's limit is refused; what device_data makes of such a device is accepted
+        big = Device("fpga-1", attributes={f"a{i}": "v" * 400 for i in range(30)})
+        raw = {**ours, "data": {"attributes": dict(big.attributes)}}
+        with pytest.raises(KubernetesError) as too_big:
+            await driver.apply_claim_status(
+                ns, "c-status", status.apply_body(ns, "c-status", uid, [raw]), status.field_manager(DRIVER)
+            )
+        assert too_big.value.status == 422 and "data" in str(too_big.value), too_big.value
+        cut = status.device_status(DRIVER, "n1", "fpga-1", big)
+        await driver.apply_claim_status(
+            ns, "c-status", status.apply_body(ns, "c-status", uid, [cut]), status.field_manager(DRIVER)
+        )
+
+        # a recreated claim of the same name is never written: the UID is a precondition
+        stale = status.apply_body(ns, "c-status", "00000000-0000-0000-0000-000000000000", [ours])
+        with pytest.raises(KubernetesError) as conflict:
+            await driver.apply_claim_status(ns, "c-status", stale, status.field_manager(DRIVER))
+        assert conflict.value.status == 422 and "metadata.uid" in str(conflict.value), conflict.value
+
+        cleared = await driver.apply_claim_status(
+            ns, "c-status", status.apply_body(ns, "c-status", uid, []), status.field_manager(DRIVER)
+        )
+        assert [d["driver"] for d in cleared["status"]["devices"]] == ["other.example.com"]
+        assert cleared["status"]["allocation"]["devices"]["results"] == results
+    finally:
+        await driver.close()
+        await admin.close()

@@ -10,6 +10,9 @@ Podman runs from ``hack/podman-setup.sh`` (its own config and storage in a tempo
 busybox image imported from the static binary). podman reads specs only from /etc/cdi and
 /var/run/cdi, so the daemon writes there; the test removes exactly the files it wrote. Needs root,
 podman, runc and busybox-static; when they are missing the test fails and says so.
+
+Also DRA device metadata (KEP-5304): a claim prepared with ``device_metadata: true`` through the
+DRA kubelet stand-in gives a container the metadata file, read-only, at the path Kubernetes documents.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.version import parse
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.config import Config, ResourceConfig, parse_config
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
+from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn, running_daemon
-from cdiplug.world import World
 from cdiplug_backends.fake import plugin as fake_plugin
 
 pytestmark = pytest.mark.e2e
@@ -348,3 +351,92 @@ async def test_allocate_answers_work_in_podman(podman_env: dict[str, str], cdi_f
             report = await podman_run(podman_env, names)
             check_container(report, expected_from_specs(specs, names), label)
     assert len(seen) == 7  # every device of the three resources, each in exactly one container
+
+
+# --- DRA device metadata (KEP-5304) read inside a real container ----------------------------
+
+META_DRIVER = "meta.e2e.cdiplug.test"  # a kind (k8s.<driver>/claim) no live cdiplug on this machine uses
+META_UID = "e2e0e2e0-0000-4000-8000-00000000feed"
+
+
+async def test_dra_device_metadata_is_readable_in_podman(podman_env: dict[str, str], world: World, short_tmp: Path) -> None:
+    """The daemon (DRA, device_metadata: true) prepares a claim through the DRA kubelet stand-in;
+    real podman given the claim's CDI device sees the metadata file, read-only, at the KEP's path.
+
+    The daemon writes its CDI folder under short_tmp (a live cdiplug on this machine owns
+    /var/run/cdi's claim specs and the daemon would sweep them); the claim's spec, byte for byte,
+    is put into /var/run/cdi under a name of its own for podman, and removed afterwards.
+    """
+    from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
+    from cdiplug.testing.dra_kubelet import ClaimRef
+
+    config = parse_config(
+        {
+            "resources": [
+                {
+                    "name": "e2e.cdiplug.test/meta",
+                    "backend": "fake",
+                    "api": "dra",
+                    "dra_driver": META_DRIVER,
+                    "device_metadata": True,
+                    "options": {"count": 1, "attributes": {"meta-0": {"speed": 7}}},
+                }
+            ]
+        },
+        source="test_podman_cdi",
+    )
+    async with ApiServerStandIn() as api:
+        api.put_node("node-e2e")
+        dra_world = attrs.evolve(
+            world,
+            plugins_registry_dir=short_tmp / "reg",
+            plugins_dir=short_tmp / "plugins",
+            node_name="node-e2e",
+            kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
+        )
+        claim = {
+            "metadata": {"name": "vm-claim", "namespace": "default", "uid": META_UID},
+            "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": META_DRIVER}}]}},
+            "status": {
+                "allocation": {
+                    "devices": {"results": [{"request": "dev", "driver": META_DRIVER, "pool": "node-e2e", "device": "meta-0"}]}
+                }
+            },
+        }
+        async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet, running_daemon(config, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(META_DRIVER), 10)
+            await asyncio.wait_for(api.wait_for(lambda: len(api.slices(spec__driver=META_DRIVER)) == 1), 10)
+            api.put_claim(claim)
+            ref = ClaimRef("default", "vm-claim", META_UID)
+            answer = (await conn.prepare([ref]))[META_UID]
+            assert answer.error == ""
+            (cdi_id,) = answer.devices[0].cdi_ids
+            spec = (dra_world.cdi_dir / f"cdiplug-claim-{META_UID}.json").read_bytes()
+            visible = CDI_DIR / f"e2e-dra-metadata-{META_UID}.json"
+            visible.write_bytes(spec)
+            try:
+                inside = f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm-claim/dev/{META_DRIVER}-metadata.json"
+                script = (
+                    f"echo BEGIN; cat {inside}; echo END; "
+                    f"grep ' {inside} ' /proc/mounts | while read -r s d t o r; do echo \"MOUNT $o\"; done; "
+                    f"(echo x >> {inside}) 2>/dev/null && echo WRITE ok || echo WRITE denied"
+                )
+                args = ["podman", "run", "--rm", "--network", "none", "--device", cdi_id, IMAGE, "/bin/sh", "-c", script]
+                proc = await asyncio.create_subprocess_exec(
+                    *args, env=podman_env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                )
+                out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+            finally:
+                visible.unlink(missing_ok=True)
+            assert proc.returncode == 0, f"{' '.join(args[:-1])} failed: {err.decode()}"
+            text = out.decode()
+            body = json.loads(text.split("BEGIN\n", 1)[1].split("END\n", 1)[0])
+            assert (body["apiVersion"], body["kind"]) == ("metadata.resource.k8s.io/v1alpha1", "DeviceMetadata")
+            assert body["metadata"]["uid"] == META_UID and body["requests"][0]["name"] == "dev"
+            (device,) = body["requests"][0]["devices"]
+            assert device["name"] == "meta-0" and device["attributes"]["speed"] == {"int": 7}
+            mount_opts = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("MOUNT ")]
+            assert mount_opts and mount_opts[0].split(",")[0] == "ro", text
+            assert "WRITE denied" in text
+            assert await conn.unprepare([ref]) == {META_UID: ""}
+            assert not (dra_world.plugins_dir / META_DRIVER / "dra-device-metadata" / "default_vm-claim").exists()

@@ -3,7 +3,9 @@ emulated Intel IOMMU, an edu and an e1000e device) and runs cdiplug in the guest
 sysfs and /dev/vfio: discover, a refused bind of an interface in use, Allocates through the daemon
 and the kubelet stand-in, SIGKILL in the middle of a bind and recovery at the next start, and
 ``release: restore`` through a PodResources stand-in, edu as a DRA driver (a claim's prepare binds
-it, its unprepare gives it back), ``cdiplug vfio unbind`` back to the original
+it, its unprepare gives it back; a claim configured ``vfio: false`` keeps it off vfio-pci with no
+/dev/vfio in its spec, an admin-access claim binds nothing and gets no /dev/vfio; a daemon process killed with SIGKILL after the bind and before
+PrepareCompleted, and the next daemon giving edu back at start), ``cdiplug vfio unbind`` back to the original
 drivers, and hack/vfio-bind-test.sh. The script prints PASS/FAIL lines; this test
 fails on any FAIL, on a missing PASS line, or when qemu, busybox or the kernel is missing (the
 kernel package is fetched with ``apt-get download`` into .vm/ when not cached there).
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "vm-vfio-test.sh"
-LIMIT = 240  # the whole run, boot included, on 2 cores: about 170 s, and about 30 s more for the DRA scenario
+LIMIT = 360  # the whole run, boot included, on 2 cores: about 170 s, 30 s more for the DRA scenario, more for its kill -9 (two daemon processes)
 
 EXPECTED = [
     "vfio-pci is loaded",
@@ -47,6 +49,15 @@ EXPECTED = [
     "DRA: prepare bound edu to vfio-pci",
     "DRA: the claim spec gives /dev/vfio/",
     "DRA: unprepare with release: restore gave edu back to no driver",
+    "DRA vfio: false: prepare kept edu on its host driver, nothing bound",
+    "DRA vfio: false: the claim spec gives PCI_DEVICE_",
+    "DRA vfio: false: unprepare released nothing and removed the spec",
+    "DRA admin access: edu not bound, no /dev/vfio, CDIPLUG_ADMIN_ACCESS=true",
+    "DRA admin access: unprepare released nothing",
+    "DRA kill: the daemon paused after the backend bound edu",
+    "DRA kill: the checkpoint holds the claim as PrepareStarted",
+    "DRA kill: after SIGKILL before PrepareCompleted the restarted daemon gave edu back to no driver",
+    "DRA kill: the claim is forgotten, no spec left",
     "is back on e1000e",
     "has its network interface again",
     "is back on no driver",

@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from cdiplug.daemon import Daemon
-from cdiplug.filewatch import FolderWatch
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
-from cdiplug.world import World
+from cdiplug.toolkit.filewatch import FolderWatch
 
 FPGA = "example.com/fpga"
 SPEC = "cdiplug-example.com-fpga.json"
@@ -111,7 +111,7 @@ async def test_every_kind_of_tampering_is_put_right_without_an_allocate(world: W
         await kubelet.allocate(FPGA, ["fpga-0"])
         path = world.cdi_dir / SPEC
         good = path.read_bytes()
-        allocator = d.node.allocator(FPGA)
+        allocator = d.node.front_end("device-plugin").allocator(FPGA)
         calls = []
         real = allocator.allocate
 

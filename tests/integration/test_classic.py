@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from cdiplug.config import Config, parse_config
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn, running_daemon
 from cdiplug.testing.kubelet import PodPhase
-from cdiplug.world import World
 
 FPGA = "example.com/fpga"
 NIC = "example.com/nic"

@@ -23,11 +23,13 @@ import pytest
 import yaml
 
 from cdiplug import daemon as daemon_module
-from cdiplug.config import MAX_SOCKET_PATH, check_against, list_and_watch_size, load_config, parse_config
+from cdiplug.config import check_against, load_config, parse_config
 from cdiplug.daemon import Daemon
+from cdiplug.deviceplugin.frontend import list_and_watch_size
 from cdiplug.errors import ConfigError
+from cdiplug.frontend import MAX_SOCKET_PATH
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
-from cdiplug.world import World
 
 FPGA = "example.com/fpga"
 
@@ -38,8 +40,8 @@ def config_file(path: Path, *resources: dict[str, object]) -> Path:
 
 
 def fake(name: str = FPGA, **options: object) -> dict[str, object]:
-    replicas = options.pop("replicas", 1)
-    return {"name": name, "backend": "fake", "options": options, "replicas": replicas}
+    replicas = options.pop("replicas", None)
+    return {"name": name, "backend": "fake", "options": options} | ({"replicas": replicas} if replicas is not None else {})
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@ import yaml
 
 from cdiplug.daemon import Daemon
 from cdiplug.errors import SocketInUse
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
-from cdiplug.world import World
 
 FPGA, NIC, ACC, NEW = "example.com/fpga", "example.com/nic", "example.com/acc", "example.com/new"
 

@@ -22,8 +22,8 @@ import yaml
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from cdiplug.daemon import Daemon
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
-from cdiplug.world import World
 
 FPGA, NIC = "example.com/fpga", "example.com/nic"
 

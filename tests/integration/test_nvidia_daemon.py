@@ -29,10 +29,11 @@ import yaml
 from cdiplug.backend import BackendPlugin, load_plugins
 from cdiplug.config import Config, parse_config
 from cdiplug.errors import BackendInitError
-from cdiplug.testing import FakeNvml, KubeletStandIn, running_daemon
-from cdiplug.testing import nvml as fake_module
-from cdiplug.world import World
+from cdiplug.models.world import World
+from cdiplug.testing import KubeletStandIn, running_daemon
 from cdiplug_backends.nvidia import make_plugin
+from cdiplug_backends.nvidia.testing import FakeNvml
+from cdiplug_backends.nvidia.testing import nvml as fake_module
 
 GPU = "nvidia.com/gpu"
 KIND = "cdiplug.nvidia.com/gpu"
@@ -82,9 +83,11 @@ async def daemon(config: Config, world: World, fake: FakeNvml) -> AsyncIterator[
 
 
 @contextlib.asynccontextmanager
-async def node(config: Config, world: World, fake: FakeNvml) -> AsyncIterator[KubeletStandIn]:
+async def node(
+    config: Config, world: World, fake: FakeNvml, registered: tuple[str, ...] = (GPU, FPGA)
+) -> AsyncIterator[KubeletStandIn]:
     async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon(config, world, fake):
-        for resource in (GPU, FPGA):
+        for resource in registered:
             await kubelet.wait_registered(resource, timeout=10)
         yield kubelet
 
@@ -151,9 +154,10 @@ async def test_replicas_share_health_and_follow_the_strategy(gpu_world: World, f
 
 async def test_without_nvml_the_other_resource_keeps_serving(gpu_world: World, fake: FakeNvml) -> None:
     fake.fail_init(fake_module.NVML_ERROR_LIBRARY_NOT_FOUND)
-    async with node(make_config(), gpu_world, fake) as kubelet:
+    async with node(make_config(), gpu_world, fake, registered=(FPGA,)) as kubelet:
         await kubelet.wait_until(lambda: kubelet.capacity(FPGA) == 2, timeout=5, what="the FPGAs listed")
-        assert kubelet.capacity(GPU) == 0
+        # no GPUs: not registered at all (register_when_empty: false), so the node shows no nvidia.com/gpu
+        assert not kubelet.is_registered(GPU) and kubelet.capacity(GPU) == 0
         assert (await kubelet.admit_pod("fpga", {FPGA: 2})).admitted
         assert (await kubelet.admit_pod("gpu", {GPU: 1})).reason == f"Insufficient {GPU}"
 
@@ -199,9 +203,8 @@ async def test_cdiplug_serve_on_a_node_without_a_driver(world: World, short_tmp:
         proc = await asyncio.create_subprocess_exec(*serve_args(world, config), stderr=asyncio.subprocess.PIPE)
         try:
             await kubelet.wait_registered(FPGA, timeout=20)
-            await kubelet.wait_registered(GPU, timeout=20)
             await kubelet.wait_until(lambda: kubelet.capacity(FPGA) == 2, timeout=5, what="the FPGAs listed")
-            assert kubelet.capacity(GPU) == 0
+            assert not kubelet.is_registered(GPU) and kubelet.capacity(GPU) == 0  # the log below says it waits
             assert (await kubelet.admit_pod("fpga", {FPGA: 1})).admitted
         finally:
             if proc.returncode is None:
@@ -210,6 +213,7 @@ async def test_cdiplug_serve_on_a_node_without_a_driver(world: World, short_tmp:
     text = stderr.decode()
     assert proc.returncode == 0, text
     assert "NVML is not available" in text and f"resource {GPU} advertises no GPUs" in text
+    assert f"{GPU}: no devices found; registering it once one appears" in text
     assert "Traceback" not in text
 
 

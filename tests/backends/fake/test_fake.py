@@ -18,7 +18,7 @@ import pytest
 
 from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError, InputError
-from cdiplug.model import Health
+from cdiplug.models.devices import Health, HealthCause
 from cdiplug_backends.fake import FakeBackend, plugin
 from cdiplug_backends.fake.backend import read_health_file
 
@@ -113,13 +113,15 @@ async def test_a_health_change_keeps_every_other_device_the_same_object(world):
     [r] = resources({"count": 64, "numa_nodes": [0, 1]})
     backend = FakeBackend([r], world)
     first = backend.snapshot(r, {})
-    down = backend.snapshot(r, {"fpga-7": Health.UNHEALTHY})
+    down = backend.snapshot(r, {"fpga-7": (Health.UNHEALTHY, None)})
     changed = [d.id for a, d in zip(first.devices, down.devices) if a is not d]
     assert changed == ["fpga-7"]
     assert down.get("fpga-7").health is Health.UNHEALTHY and down.get("fpga-7").edits == first.get("fpga-7").edits
     again = backend.snapshot(r, {})
     assert all(a is b for a, b in zip(first.devices, again.devices))
-    assert backend.snapshot(r, {"fpga-7": Health.UNHEALTHY}).get("fpga-7") is down.get("fpga-7")
+    assert backend.snapshot(r, {"fpga-7": (Health.UNHEALTHY, None)}).get("fpga-7") is down.get("fpga-7")
+    hot = backend.snapshot(r, {"fpga-7": (Health.UNHEALTHY, HealthCause("thermal", "85C"))}).get("fpga-7")
+    assert hot is not down.get("fpga-7") and hot.cause == HealthCause("thermal", "85C")
 
 
 async def test_every_resource_is_published(world):
@@ -147,7 +149,11 @@ async def test_every_resource_is_published(world):
         ),
         ({"numa_nodes": 0}, "expected a list, got int 0", "$.resources[0].options.numa_nodes"),
         ({"health_file": 3}, "expected a path, got int 3", "$.resources[0].options.health_file"),
-        ({"cout": 3}, "unknown key 'cout' (allowed: count, numa_nodes, health_file, attributes)", "$.resources[0].options"),
+        (
+            {"cout": 3},
+            "unknown key 'cout' (allowed: count, numa_nodes, health_file, attributes, prepared_dir, shared, capacity, partitions)",
+            "$.resources[0].options",
+        ),
     ],
 )
 def test_options_errors_name_their_path(options, message, path):
@@ -173,7 +179,22 @@ def test_health_file_errors_name_the_entry_and_file(short_tmp):
     path.write_text("")
     assert read_health_file(path) == {}
     (short_tmp / "h.json").write_text('{"fpga-1": "Unhealthy"}')
-    assert read_health_file(short_tmp / "h.json") == {"fpga-1": Health.UNHEALTHY}
+    assert read_health_file(short_tmp / "h.json") == {"fpga-1": (Health.UNHEALTHY, None)}
+    path.write_text("fpga-0: Unhealthy Thermal=hot\n")
+    with pytest.raises(InputError, match="health cause 'Thermal'") as info:
+        read_health_file(path)
+    assert info.value.path == "$.fpga-0"
+
+
+def test_the_health_file_names_causes(short_tmp):
+    # A cause (and code) after the state: DRA's per-cause taint (cdiplug.dev/<cause>=<code>).
+    path = short_tmp / "health.yaml"
+    path.write_text("fpga-0: Unhealthy thermal=85C\nfpga-1: Unhealthy link-down\nfpga-2: Healthy ecc-corrected=3\n")
+    assert read_health_file(path) == {
+        "fpga-0": (Health.UNHEALTHY, HealthCause("thermal", "85C")),
+        "fpga-1": (Health.UNHEALTHY, HealthCause("link-down")),
+        "fpga-2": (Health.HEALTHY, HealthCause("ecc-corrected", "3")),
+    }
 
 
 # -- the health file, watched ----------------------------------------------------------------

@@ -12,12 +12,12 @@ import attrs
 import pytest
 
 from cdiplug.config import parse_config
-from cdiplug.resource import ResourceConfig
-from cdiplug.testing import FakeNvml
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
 from cdiplug.testing.sink import RecordingSink
 from cdiplug.testing.sink import running as run_backend
-from cdiplug.world import World
 from cdiplug_backends.nvidia.backend import NvidiaBackend
+from cdiplug_backends.nvidia.testing import FakeNvml
 
 
 def resources(*entries: dict[str, Any]) -> tuple[ResourceConfig, ...]:

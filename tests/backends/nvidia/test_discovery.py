@@ -13,14 +13,14 @@ from pathlib import Path
 import attrs
 import pytest
 
-from cdiplug.model import DeviceNode, Health, Mount, Version
-from cdiplug.testing import FakeNvml, SysfsTree
-from cdiplug.testing.nvml import FakeGpu
-from cdiplug.world import World
+from cdiplug.models.devices import DeviceNode, Health, Mount, Version
+from cdiplug.models.world import World
 from cdiplug_backends.nvidia.discovery import IDS_ENV, assign, discover, numa_node
 from cdiplug_backends.nvidia.driver import driver_mounts
 from cdiplug_backends.nvidia.nvml import Nvml
 from cdiplug_backends.nvidia.options import NvidiaOptions
+from cdiplug_backends.nvidia.testing import FakeGpu, FakeNvml
+from cdiplug_backends.pci.testing import SysfsTree
 
 
 def mixed_machine() -> FakeNvml:
@@ -67,6 +67,7 @@ async def test_every_gpu_with_its_facts(world: World, nv, sink) -> None:
         "cudaComputeCapability": Version("9.0.0"),
         "driverVersion": Version("550.54.15"),
         "numaNode": 1,
+        "resource.kubernetes.io/pciBusID": "0000:ab:00.0",
     }
     assert dict(dev.capacity) == {"memory": str(80 * 1024**3)}
     assert snap.ids_env == IDS_ENV == "NVIDIA_VISIBLE_DEVICES"

@@ -17,12 +17,12 @@ import threading
 import pytest
 
 from cdiplug.errors import BackendInitError
-from cdiplug.model import Health
-from cdiplug.testing import FakeNvml
-from cdiplug.testing import nvml as fake_module
-from cdiplug.world import World
-from cdiplug_backends.nvidia.health import EventWatcher, HealthTracker, Verdict, classify
+from cdiplug.models.devices import Health, HealthCause
+from cdiplug.models.world import World
+from cdiplug_backends.nvidia.health import PROBE_FAILED, EventWatcher, HealthTracker, Verdict, classify
 from cdiplug_backends.nvidia.nvml import Nvml, NvmlEvent
+from cdiplug_backends.nvidia.testing import FakeNvml
+from cdiplug_backends.nvidia.testing import nvml as fake_module
 
 GPU = "nvidia.com/gpu"
 
@@ -47,7 +47,7 @@ def test_tracker_needs_n_clean_probes_in_a_row() -> None:
     assert t.mark_unhealthy("GPU-a", "XID 79") and not t.mark_unhealthy("GPU-a", "XID 79")
     assert not t.probe_passed("GPU-a") and not t.probe_passed("GPU-a")
     assert not t.probe_failed("GPU-a", "lost")  # back to zero clean probes
-    assert t.reason("GPU-a") == "lost"
+    assert t.reason("GPU-a") == "lost" and t.causes() == {"GPU-a": PROBE_FAILED}
     assert [t.probe_passed("GPU-a") for _ in range(3)] == [False, False, True]
     assert t.health("GPU-a") is Health.HEALTHY and t.health_map() == {}
 
@@ -98,6 +98,9 @@ async def test_xid_makes_the_gpu_unhealthy_at_once_and_ignored_xids_do_not(world
         health = sink.health(GPU)
         assert health[a] == health[c] == "Healthy"  # events are handled in order: a's came first
         assert sum(1 for v in health.values() if v == "Unhealthy") == 1
+        # The cause goes with it (DRA taint cdiplug.dev/xid=79); healthy GPUs carry none.
+        latest = sink.latest[GPU]
+        assert latest.get(b).cause == HealthCause("xid", "79") and latest.get(a).cause is None
 
 
 async def test_ignored_xids_are_configurable(world: World, nv, sink) -> None:
@@ -137,6 +140,10 @@ async def test_recovery_after_n_clean_probes(world: World, nv, sink) -> None:
         await sink.wait_for(lambda latest: latest[GPU].get(lost).health is Health.UNHEALTHY)
     healths = [s.get(lost).health for s in sink.history]
     assert healths == [Health.HEALTHY, Health.UNHEALTHY, Health.HEALTHY, Health.UNHEALTHY]
+    # NVML cannot name a lost GPU's event, so the probe takes it down (and keeps its cause while
+    # it fails); recovered, it has none; then the XID it reports.
+    causes = [s.get(lost).cause for s in sink.history]
+    assert causes == [None, PROBE_FAILED, None, HealthCause("xid", "48")]
 
 
 async def test_an_event_naming_no_gpu_reprobes_instead_of_taking_all_down(world: World, nv, sink) -> None:

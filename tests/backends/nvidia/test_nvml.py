@@ -15,10 +15,9 @@ import inspect
 import pynvml
 import pytest
 
-from cdiplug.testing import FakeNvml
-from cdiplug.testing import nvml as fake_module
-from cdiplug.testing.nvml import FakeGpu, NVMLError
 from cdiplug_backends.nvidia.nvml import GpuInfo, Nvml, NvmlError, NvmlUnavailable, PcieLevel, normalize_bus_id
+from cdiplug_backends.nvidia.testing import FakeGpu, FakeNvml, NVMLError
+from cdiplug_backends.nvidia.testing import nvml as fake_module
 
 
 def test_constants_match_pynvml() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from cdiplug.cdi.spec import from_json
 from cdiplug.cdi.validate import check_document, load_document
-from cdiplug.names import kind_problem
+from cdiplug.models.names import kind_problem
 from cdiplug_backends.nvidia.cdi_kind import NVIDIA_OWNED_KINDS, clash_problem, default_cdi_kind
 
 SCRIPT = Path(__file__).resolve().parents[3] / "hack" / "nvidia-probe"
@@ -76,9 +76,9 @@ def test_default_kind_is_valid_and_clashes_with_nothing_nvidia_writes() -> None:
 )
 def test_the_node_check_without_a_driver_says_so_and_exits_1() -> None:
     # hack/gpu-node-check.py runs the real daemon against the kubelet stand-in; without NVML the
-    # GPU resource registers with no devices and the script says so (on an H200 it admitted a pod).
+    # GPU resource finds no devices, so it is not registered, and the script says so (on an H200 it admitted a pod).
     script = SCRIPT.parent / "gpu-node-check.py"
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "nvidia.com/gpu registered but lists no GPU" in result.stdout
+    assert "nvidia.com/gpu not registered: no GPU found" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdiplug.model import PreferredRequest
-from cdiplug.replicas import replica_id
-from cdiplug.testing import FakeNvml
-from cdiplug.testing import nvml as fake_module
-from cdiplug.world import World
+from cdiplug.models.devices import PreferredRequest
+from cdiplug.models.replicas import replica_id
+from cdiplug.models.world import World
 from cdiplug_backends.nvidia import topology
 from cdiplug_backends.nvidia.discovery import discover
 from cdiplug_backends.nvidia.nvml import Nvml, PcieLevel
 from cdiplug_backends.nvidia.options import ReplicaStrategy
+from cdiplug_backends.nvidia.testing import FakeNvml
+from cdiplug_backends.nvidia.testing import nvml as fake_module
 from cdiplug_backends.nvidia.topology import PairLink, Topology, best_set, preferred, set_score
 
 FIXTURES = {"nvswitch8": FakeNvml.nvswitch8, "nvlink_pairs": FakeNvml.nvlink_pairs, "pcie_box": FakeNvml.pcie_box}
@@ -193,7 +193,7 @@ def test_replica_answers_are_always_valid(data: st.DataObject, strategy: Replica
 
 
 async def test_backend_offers_affinity_and_preference_for_its_own_resources(world: World, nv, sink) -> None:
-    from cdiplug.model import Device
+    from cdiplug.models.devices import Device
 
     fake = FakeNvml.nvlink_pairs()
     res = nv.resources({"name": "nvidia.com/gpu"}, {"name": "nvidia.com/none", "options": {"selectors": [{"model": "*L4*"}]}})

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from cdiplug.config import parse_config
-from cdiplug.resource import ResourceConfig
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
 from cdiplug.testing.sink import RecordingSink
 from cdiplug.testing.sink import running as run_backend
-from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
-from cdiplug.world import World
 from cdiplug_backends.pci import PciBackend, plugin
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SysfsTree
 
 DEADLINE = 5.0
 

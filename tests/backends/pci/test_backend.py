@@ -15,10 +15,10 @@ import pytest
 from cdiplug.backend import abilities_of
 from cdiplug.errors import DeviceInUse, PreparationError
 from cdiplug.host import Preparations
-from cdiplug.testing.sysfs import FakeSysfsKernel, FakeUdevMonitor, SimulatedCrash, SysfsTree
-from cdiplug.world import World
+from cdiplug.models.world import World
 from cdiplug_backends.pci import PciBackend
 from cdiplug_backends.pci.journal import Journal
+from cdiplug_backends.pci.testing import FakeSysfsKernel, FakeUdevMonitor, SimulatedCrash, SysfsTree
 
 from .conftest import add_nic_with_vfs, make_backend, running
 

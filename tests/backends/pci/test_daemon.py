@@ -17,10 +17,10 @@ import pytest
 
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import parse_config
+from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn, running_daemon
-from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
-from cdiplug.world import World
 from cdiplug_backends.pci import PciBackend, PciOptions
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SysfsTree
 
 NIC, NVME = "example.com/nic-vfio", "example.com/nvme"
 

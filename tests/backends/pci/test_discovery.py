@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from cdiplug.errors import ConfigError
-from cdiplug.model import DeviceNode
-from cdiplug.testing.sysfs import SysfsTree
+from cdiplug.models.devices import DeviceNode
 from cdiplug_backends.pci.discovery import Recorded, ids_env, select_all, to_snapshot
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import SysfsTree
 
 from .conftest import add_nic_with_vfs, resources
 
@@ -235,3 +235,4 @@ def test_typed_attributes_for_dra(mixed: SysfsTree) -> None:
     assert device.attribute("address") == "0000:5e:00.0"
     assert device.attribute("numa_node") == 0  # an int: CEL compares it as a number
     assert device.attribute("resource.kubernetes.io/pcieRoot") == "pci0000:5e"
+    assert device.attribute("resource.kubernetes.io/pciBusID") == "0000:5e:00.0"  # the standard name KubeVirt reads

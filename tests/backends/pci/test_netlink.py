@@ -5,17 +5,19 @@ interfaces as a PCI function's netdevs, so the backend ties them to devices as i
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from pyroute2 import AsyncIPRoute, netns
 
-from cdiplug.model import Health
-from cdiplug.testing.sysfs import SysfsTree
-from cdiplug.world import World
+from cdiplug.models.devices import Health
+from cdiplug.models.world import World
+from cdiplug_backends.pci.discovery import LINK_DOWN
 from cdiplug_backends.pci.safety import NetUse, SafetyChecker, net_use
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import SysfsTree
 
 from .conftest import make_backend, running
 
@@ -34,6 +36,23 @@ async def ns() -> AsyncIterator[str]:
 
 
 async def ip(ns: str, *calls: tuple) -> None:
+    """Make ``calls`` (idempotent link and address changes) in ``ns``.
+
+    pyroute2 reaches a namespace through a forked helper, and a fork while gRPC threads run in
+    this test process can leave the helper stuck (gRPC: "skipping fork() handlers"; once in CI, a
+    test waited out its 300 s): each try is bounded and a stuck one is made again afresh.
+    """
+    for attempt in range(3):
+        try:
+            async with asyncio.timeout(15):
+                await _ip(ns, *calls)
+            return
+        except TimeoutError:
+            if attempt == 2:
+                raise AssertionError(f"netlink calls in namespace {ns} did not answer within 15 s, three times") from None
+
+
+async def _ip(ns: str, *calls: tuple) -> None:
     async with AsyncIPRoute(netns=ns) as ipr:
         for method, *args, kwargs in calls:
             if "ifname" in kwargs and (method, *args) != ("link", "add"):
@@ -118,7 +137,9 @@ async def test_link_health_follows_link_state_events(ns: str, world: World, tree
     async with running(backend) as sink:
         snap = await sink.until("example.com/nic", lambda s: s.get("0000:3b:00.0").health is Health.UNHEALTHY)
         assert snap.get("0000:3c:00.0").health is Health.HEALTHY
+        assert snap.get("0000:3b:00.0").cause == LINK_DOWN  # DRA taint cdiplug.dev/link-down
         await ip(ns, ("link", "set", {"ifname": "v1", "state": "up"}), ("link", "set", {"ifname": "v0", "state": "up"}))
-        await sink.until("example.com/nic", lambda s: s.get("0000:3b:00.0").health is Health.HEALTHY)
+        up = await sink.until("example.com/nic", lambda s: s.get("0000:3b:00.0").health is Health.HEALTHY)
+        assert up.get("0000:3b:00.0").cause is None  # back up: no taint
         await ip(ns, ("link", "set", {"ifname": "v1", "state": "down"}))  # v0 loses its carrier
         await sink.until("example.com/nic", lambda s: s.get("0000:3b:00.0").health is Health.UNHEALTHY)

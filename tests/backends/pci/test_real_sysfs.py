@@ -10,7 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from cdiplug.world import World
+from cdiplug.models.world import World
 from cdiplug_backends.pci.sysfs import PciSysfs
 
 from .conftest import make_backend, running

@@ -16,13 +16,13 @@ from cdiplug.backend import BackendPlugin
 from cdiplug.deviceplugin.release import Releaser
 from cdiplug.errors import KubeletError
 from cdiplug.host import BackendHost
-from cdiplug.supervisor import Supervisor
+from cdiplug.models.world import World
 from cdiplug.testing import PodResourcesStandIn
 from cdiplug.testing.sink import RecordingSink
-from cdiplug.testing.sysfs import SysfsTree
-from cdiplug.world import World
+from cdiplug.toolkit.supervisor import Supervisor
 from cdiplug_backends.pci import PciBackend, PciOptions
 from cdiplug_backends.pci.journal import Journal
+from cdiplug_backends.pci.testing import SysfsTree
 
 from .conftest import add_nic_with_vfs, make_backend
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cdiplug.errors import DeviceInUse
-from cdiplug.testing.sysfs import SysfsTree
 from cdiplug_backends.pci.safety import FunctionInUse, SafetyChecker, _mounted_devices
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import SysfsTree
 
 NVME = "0000:5e:00.0"
 

@@ -1,4 +1,4 @@
-"""Reading PCI functions (cdiplug_backends.pci.sysfs) from fake trees built with cdiplug.testing.SysfsTree:
+"""Reading PCI functions (cdiplug_backends.pci.sysfs) from fake trees built with cdiplug_backends.pci.testing.SysfsTree:
 IDs, class, driver, IOMMU groups and members, NUMA (-1 is none), SR-IOV links, netdevs, block
 devices, vanished functions, address checks, and the fake kernel's reactions to writes."""
 
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
 from cdiplug_backends.pci.sysfs import PciSysfs, check_address, check_driver, check_group
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SimulatedCrash, SysfsTree
 
 from .conftest import add_nic_with_vfs
 

@@ -1,5 +1,5 @@
 """Binding to vfio-pci and back (cdiplug_backends.pci.vfio) against a fake sysfs tree whose kernel side is
-cdiplug.testing.FakeSysfsKernel: the exact write sequence (never new_id), idempotence, rollback on
+cdiplug_backends.pci.testing.FakeSysfsKernel: the exact write sequence (never new_id), idempotence, rollback on
 errors, restoring the recorded driver, and journal recovery after a crash (SimulatedCrash) at every
 step of a bind and of a restore (a half-done bind whose remaining functions an in-use check refuses
 is rolled back, and a crash during that roll-back is recovered too); plus the state folder itself (atomic files, corrupt files, locks)."""
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug.testing.sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
-from cdiplug.world import World
+from cdiplug.models.world import World
 from cdiplug_backends.pci.journal import Journal, JournalEntry, Op, PlannedFunction, Step
 from cdiplug_backends.pci.safety import FunctionInUse
 from cdiplug_backends.pci.sysfs import PciSysfs
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SimulatedCrash, SysfsTree
 from cdiplug_backends.pci.vfio import VfioBinder, VfioError
 
 from .conftest import add_nic_with_vfs

@@ -6,7 +6,9 @@ folder and compares byte for byte, so editing a .proto without regenerating fail
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,15 @@ API = ROOT / "cdiplug" / "api"
 GENERATED = sorted(p.name for p in API.glob("*_pb2*.py*"))
 
 
-PROTOS = ["deviceplugin_v1beta1", "podresources_v1", "dra_v1", "dra_v1beta1", "pluginregistration_v1", "drahealth_v1alpha1"]
+PROTOS = [
+    "deviceplugin_v1beta1",
+    "podresources_v1",
+    "dra_v1",
+    "dra_v1beta1",
+    "pluginregistration_v1",
+    "drahealth_v1alpha1",
+    "drahealth_v1beta1",
+]
 
 
 def test_there_are_stubs_for_every_proto() -> None:
@@ -27,7 +37,8 @@ def test_there_are_stubs_for_every_proto() -> None:
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stubs")
-    subprocess.run(["bash", str(ROOT / "hack" / "gen-protos.sh"), str(out)], check=True, cwd=ROOT)
+    env = {**os.environ, "PYTHON": sys.executable}  # grpcio-tools is in the test environment, not on PATH
+    subprocess.run(["bash", str(ROOT / "hack" / "gen-protos.sh"), str(out)], check=True, cwd=ROOT, env=env)
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
+from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Mount
 
 SCHEMA_DIR = Path(__file__).parent / "schema"
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdiplug import model
 from cdiplug.cdi.build import build_spec
 from cdiplug.cdi.spec import (
     ContainerEdits,
@@ -28,7 +27,8 @@ from cdiplug.cdi.spec import (
 )
 from cdiplug.cdi.validate import check_spec
 from cdiplug.errors import CdiError
-from cdiplug.names import device_name
+from cdiplug.models import devices as model
+from cdiplug.models.names import cdi_device_name
 
 FULL = Spec(
     cdi_version="1.1.0",
@@ -186,7 +186,7 @@ def test_build_spec_maps_bad_ids() -> None:
         resource="example.com/fpga", devices=[model.Device(id="a/b", edits=model.ContainerEdits(env={"A": "1"}))]
     )
     spec = build_spec("example.com/fpga", snap)
-    assert spec.device_names() == (device_name("a/b"),)
+    assert spec.device_names() == (cdi_device_name("a/b"),)
     assert check_spec(spec) == []
 
 
@@ -200,7 +200,7 @@ def test_a_device_without_edits_is_an_error_naming_it() -> None:
 
 
 def test_ids_mapping_to_the_same_name_are_an_error() -> None:
-    clash = device_name("a/b")
+    clash = cdi_device_name("a/b")
     snap = model.DeviceSnapshot(
         resource="example.com/fpga",
         devices=[
@@ -260,7 +260,7 @@ def test_every_spec_built_is_valid_and_minimal(schema_errors, snapshot: model.De
     assert check_spec(spec) == []
     assert spec.cdi_version == minimal_version(spec)
     assert from_json(to_json(spec)) == spec
-    assert sorted(spec.device_names()) == sorted(device_name(d.id) for d in snapshot.devices)
+    assert sorted(spec.device_names()) == sorted(cdi_device_name(d.id) for d in snapshot.devices)
 
 
 def test_a_spec_a_runtime_would_refuse_is_never_built() -> None:

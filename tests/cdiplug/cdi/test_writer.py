@@ -20,7 +20,7 @@ import pytest
 from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.errors import CdiError
-from cdiplug.model import ContainerEdits, Device, DeviceSnapshot
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
 
 KIND = "example.com/fpga"
 
@@ -91,7 +91,7 @@ def test_changes_are_written(tmp_path: Path, fpga_snapshot: DeviceSnapshot) -> N
 
 
 def test_health_alone_does_not_rewrite(tmp_path: Path, fpga_snapshot: DeviceSnapshot) -> None:
-    from cdiplug.model import Health
+    from cdiplug.models.devices import Health
 
     writer = SpecWriter(tmp_path)
     writer.write(KIND, fpga_snapshot)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdiplug.cdi.writer import SpecWriter
-from cdiplug.model import DeviceSnapshot
+from cdiplug.models.devices import DeviceSnapshot
 
 KIND = "example.com/fpga"
 

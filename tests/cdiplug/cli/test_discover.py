@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from cdiplug.testing.sysfs import SysfsTree
-from cdiplug.world import World
+from cdiplug.models.world import World
+from cdiplug_backends.pci.testing import SysfsTree
 
 CONFIG = """\
 resources:
@@ -113,7 +113,7 @@ def test_typed_attributes_and_capacity_print_as_json_and_yaml() -> None:
     import yaml
 
     from cdiplug.cli.discover import as_data
-    from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Version
+    from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Version
 
     gpu = Device(
         "GPU-1",

@@ -1,6 +1,6 @@
 """``cdiplug serve``'s DRA flags: --node-name, --kubeconfig, --plugins-registry-dir, --plugins-dir.
 
-Each has its default (DESIGN.md's command-line contract), reads ``CDIPLUG_<FLAG>`` from the
+Each has its default (the README's command-line contract), reads ``CDIPLUG_<FLAG>`` from the
 environment, and a flag on the command line wins; the values end up in the World.
 """
 

@@ -1,6 +1,6 @@
 """``cdiplug vfio status|bind|unbind`` on fake sysfs trees (SysfsTree): status and argument errors as
 a subprocess; bind and unbind in-process through ``cdiplug.cli.main`` with the PCI backend's sysfs
-writer swapped for cdiplug.testing.FakeSysfsKernel (a fake tree cannot react to real writes)."""
+writer swapped for cdiplug_backends.pci.testing.FakeSysfsKernel (a fake tree cannot react to real writes)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from cdiplug.cli import main
-from cdiplug.testing.sysfs import FakeSysfsKernel, SysfsTree
-from cdiplug.world import World
+from cdiplug.models.world import World
 from cdiplug_backends.pci import vfio as vfio_module
 from cdiplug_backends.pci.journal import Journal
+from cdiplug_backends.pci.testing import FakeSysfsKernel, SysfsTree
 
 VF = "0000:3b:02.0"
 

@@ -23,8 +23,7 @@ from cdiplug.cdi.writer import SpecWriter
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.errors import CdiError, InvalidRequest, PreparationError
 from cdiplug.host import Preparations, SpecKeeper
-from cdiplug.metrics import Metrics
-from cdiplug.model import (
+from cdiplug.models.devices import (
     AllocatePart,
     ContainerEdits,
     Device,
@@ -34,8 +33,9 @@ from cdiplug.model import (
     Mount,
     PreferredRequest,
 )
-from cdiplug.resource import ResourceConfig
-from cdiplug.telemetry import NULL_RECORDER
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.telemetry.metrics import Metrics
+from cdiplug.telemetry.recorder import NULL_RECORDER
 
 RESOURCE = "example.com/fpga"
 ALL_PARTS = frozenset(AllocatePart)
@@ -476,29 +476,6 @@ async def test_core_policy_uses_affinity_numa_and_replica_spread():
     assert plain.preferred([PreferredRequest(plain.advertised.ids, [], 2)]) == [("d0::0", "d1::0")]
 
 
-class Starter:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[str, ...]]] = []
-
-    async def pre_start(self, resource: str, devices: Sequence[Device]) -> None:
-        self.calls.append((resource, tuple(d.id for d in devices)))
-
-
-async def test_pre_start_goes_to_the_backend_with_underlying_devices():
-    backend = Starter()
-    a = allocator(backend, replicas=2)
-    a.update(snapshot())
-    assert a.pre_start_required
-    await a.pre_start(["d1::0", "d1::1", "d0::1"])
-    assert backend.calls == [(RESOURCE, ("d1", "d0"))]
-    with pytest.raises(InvalidRequest, match="'d7'"):
-        await a.pre_start(["d7"])
-    plain = allocator()
-    plain.update(snapshot())
-    assert not plain.pre_start_required
-    await plain.pre_start(["anything"])  # nothing to do
-
-
 async def test_a_repeated_allocate_answers_the_same_object_until_the_snapshot_changes():
     a = Allocator(resource(), Abilities())
     first = snapshot()
@@ -507,8 +484,24 @@ async def test_a_repeated_allocate_answers_the_same_object_until_the_snapshot_ch
     [again] = await a.allocate([["d1", "d2"]])
     assert again is one
     [other_order] = await a.allocate([["d2", "d1"]])
-    assert other_order is not one and other_order.device_ids == ("d2", "d1")
+    assert other_order != one and other_order.device_ids == ("d2", "d1")
     changed = first.with_devices([*first.devices[:2], device(2, edits=ContainerEdits(env={"NEW": "1"})), first.devices[3]])
     a.update(changed)
     [after] = await a.allocate([["d1", "d2"]])
-    assert after is not one and ("NEW", "1") in after.env
+    assert after != one and ("NEW", "1") in after.env
+
+
+async def test_the_answer_cache_is_bounded():
+    # Memory stays flat under any load: past MAX_CACHED_ANSWERS distinct requests the cache starts
+    # afresh, and every answer is still right.
+    from cdiplug.deviceplugin.allocator import MAX_CACHED_ANSWERS
+
+    devices = [device(i) for i in range(40)]
+    a = Allocator(resource(), Abilities())
+    a.update(snapshot(devices))
+    requests = [[f"d{i}", f"d{j}"] for i in range(40) for j in range(40) if i != j][: MAX_CACHED_ANSWERS + 50]
+    for ids in requests:
+        [answer] = await a.allocate([ids])
+        assert answer.device_ids == tuple(ids)
+        assert len(a._answers) <= MAX_CACHED_ANSWERS
+    assert len(a._answers) == 50

@@ -19,11 +19,11 @@ import pytest
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from cdiplug.backend import Abilities
-from cdiplug.brief import brief, format_ids
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.server import MAX_DETAILS, ResourceServer, Undecodable
-from cdiplug.model import Device, DeviceSnapshot
-from cdiplug.resource import ResourceConfig
+from cdiplug.models.devices import Device, DeviceSnapshot
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.toolkit.brief import brief, format_ids
 
 RESOURCE = "example.com/fpga"
 SOCKET = "example.com-fpga.sock"

@@ -1,4 +1,4 @@
-"""cdiplug.deviceplugin.server.ListCache: the ListAndWatch list built where devices changed only.
+"""cdiplug.deviceplugin.messages.ListCache: the ListAndWatch list built where devices changed only.
 
 The serialized list must be exactly what protobuf makes of the whole message, and a change of
 one device must build one device's entry, whatever the number of devices (counted, not timed).
@@ -10,7 +10,7 @@ import attrs
 
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.deviceplugin.messages import ListCache, list_message
-from cdiplug.model import Device, DeviceSnapshot, Health
+from cdiplug.models.devices import Device, DeviceSnapshot, Health
 
 
 def snapshot(count: int, unhealthy: frozenset[int] = frozenset()) -> DeviceSnapshot:
@@ -55,20 +55,3 @@ def test_removed_devices_are_forgotten_and_new_ones_built() -> None:
     assert pb.ListAndWatchResponse.FromString(data) == list_message(snapshot(5))
     cache.serialize(snapshot(6))
     assert cache.built == 11
-
-
-def test_answers_are_serialized_once_each() -> None:
-    from cdiplug.deviceplugin.messages import AnswerCache, allocation_message
-    from cdiplug.model import ContainerAllocation
-
-    cache = AnswerCache(limit=2)
-    a = ContainerAllocation(device_ids=("d-1",), env={"X": "1"}, cdi_devices=("example.com/d=d-1",))
-    b = ContainerAllocation(device_ids=("d-2",), env={"X": "2"})
-    data = cache.serialize([a, b])
-    assert pb.AllocateResponse.FromString(data) == pb.AllocateResponse(
-        container_responses=[allocation_message(a), allocation_message(b)]
-    )
-    cache.serialize([a])
-    assert cache.built == 2
-    cache.serialize([ContainerAllocation(device_ids=("d-3",))])  # over the limit: starts afresh
-    assert cache.built == 3

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from cdiplug.deviceplugin import preferred as policy
 from cdiplug.deviceplugin.preferred import preferred_allocation
-from cdiplug.model import Device, DeviceSnapshot, PreferredRequest
-from cdiplug.replicas import expand, underlying
+from cdiplug.models.devices import Device, DeviceSnapshot, PreferredRequest
+from cdiplug.models.replicas import expand, underlying
 
 RESOURCE = "example.com/dev"
 

@@ -22,7 +22,7 @@ from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from cdiplug.deviceplugin.registration import KubeletNotReady, Registration, register, register_once
 from cdiplug.errors import KubeletError
 
-REG = Registration(resource_name="example.com/fpga", endpoint="example.com-fpga.sock", pre_start_required=True)
+REG = Registration(resource_name="example.com/fpga", endpoint="example.com-fpga.sock")
 
 
 class RecordingKubelet(pb_grpc.RegistrationServicer):
@@ -63,7 +63,7 @@ async def test_register_sends_version_endpoint_name_and_options(short_tmp: Path,
     assert request.version == "v1beta1"
     assert request.endpoint == "example.com-fpga.sock"  # a file name, not a path
     assert request.resource_name == "example.com/fpga"
-    assert request.options.pre_start_required is True
+    assert request.options.pre_start_required is False  # preparation is Allocate's
     assert request.options.get_preferred_allocation_available is True
 
 
@@ -163,7 +163,7 @@ async def test_backoff_is_capped(short_tmp: Path, monkeypatch: pytest.MonkeyPatc
             raise asyncio.CancelledError
         await real_sleep(0)
 
-    monkeypatch.setattr("cdiplug.deviceplugin.registration.asyncio.sleep", recording_sleep)
+    monkeypatch.setattr("cdiplug.toolkit.backoff.asyncio.sleep", recording_sleep)
     with pytest.raises(asyncio.CancelledError):
         await register(short_tmp / "kubelet.sock", REG, initial_backoff=0.05, max_backoff=2.0)
     assert 0.04 <= sleeps[0] <= 0.06  # starts at about 50 ms (with jitter)

@@ -19,9 +19,9 @@ from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.resource import ServedResource
 from cdiplug.deviceplugin.server import ResourceServer
 from cdiplug.host import SpecKeeper
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
-from cdiplug.resource import ResourceConfig
-from cdiplug.world import World
+from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
 
 RESOURCE = "example.com/fpga"
 
@@ -144,7 +144,7 @@ async def test_replace_allocator_reapplies_the_last_snapshot_under_the_new_confi
         await until(lambda: res.server.advertised == snapshot("a"), "published")
         rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=2)
         new = Allocator(rc, Abilities())
-        assert res.replace_allocator(rc, new, res.spec) is False  # pre-start did not change
+        res.replace_allocator(rc, new, res.spec)
         assert res.server.allocator is new and new.snapshot == snapshot("a")
         await until(
             lambda: res.server.advertised is not None and res.server.advertised.ids == ("a::0", "a::1"), "replicas published"

@@ -30,7 +30,7 @@ from cdiplug.errors import (
     PreparationError,
     SocketInUse,
 )
-from cdiplug.model import (
+from cdiplug.models.devices import (
     ContainerAllocation,
     Device,
     DeviceNode,
@@ -47,12 +47,10 @@ SOCKET = "example.com-fpga.sock"
 class ScriptedAllocator:
     """Records calls; answers from ``answers`` or raises ``error``."""
 
-    def __init__(self, pre_start_required: bool = False) -> None:
-        self.pre_start_required = pre_start_required
+    def __init__(self) -> None:
         self.error: BaseException | None = None
         self.allocate_calls: list[list[list[str]]] = []
         self.preferred_calls: list[list[PreferredRequest]] = []
-        self.pre_start_calls: list[list[str]] = []
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         self.allocate_calls.append([list(r) for r in requests])
@@ -79,11 +77,6 @@ class ScriptedAllocator:
             tuple(r.must_include) + tuple(i for i in r.available if i not in r.must_include)[: r.size - len(r.must_include)]
             for r in requests
         ]
-
-    async def pre_start(self, ids: Sequence[str]) -> None:
-        self.pre_start_calls.append(list(ids))
-        if self.error is not None:
-            raise self.error
 
 
 def snapshot(*health: Health, numa: Sequence[Sequence[int]] = ()) -> DeviceSnapshot:
@@ -209,16 +202,15 @@ async def test_restart_serves_again_after_the_socket_was_removed(server: Resourc
 # -- options ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("required", [False, True])
-async def test_options_follow_the_allocator(short_tmp: Path, required: bool) -> None:
-    srv = ResourceServer(RESOURCE, SOCKET, short_tmp, ScriptedAllocator(pre_start_required=required))
+async def test_options_offer_preferred_allocation_and_need_no_pre_start(short_tmp: Path) -> None:
+    srv = ResourceServer(RESOURCE, SOCKET, short_tmp, ScriptedAllocator())
     await srv.start()
     try:
         async with grpc.aio.insecure_channel(f"unix://{srv.socket_path}") as channel:
             options = await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=2)
     finally:
         await srv.stop()
-    assert options.pre_start_required is required
+    assert options.pre_start_required is False  # preparation happens in Allocate
     assert options.get_preferred_allocation_available is True
 
 
@@ -412,21 +404,17 @@ async def test_preferred_allocation_errors_are_mapped(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_pre_start_delegates_and_maps_errors(
+async def test_pre_start_is_answered_empty_and_touches_no_allocator(
     server: ResourceServer, stub: pb_grpc.DevicePluginStub, allocator: ScriptedAllocator
 ) -> None:
-    await stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["fpga-0"]), timeout=2)
-    assert allocator.pre_start_calls == [["fpga-0"]]
-    allocator.error = PreparationError("fpga-0", "reset failed")
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["fpga-0"]), timeout=2)
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "reset failed" in info.value.details()
+    allocator.error = PreparationError("fpga-0", "must not be reached")
+    answer = await stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["fpga-0"]), timeout=2)
+    assert answer == pb.PreStartContainerResponse()
+    assert allocator.allocate_calls == [] and allocator.preferred_calls == []
 
 
 async def test_allocator_can_be_replaced_while_serving(server: ResourceServer, stub: pb_grpc.DevicePluginStub) -> None:
-    replacement = ScriptedAllocator(pre_start_required=True)
+    replacement = ScriptedAllocator()
     server.allocator = replacement
     await stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["fpga-0"])]), timeout=2)
     assert replacement.allocate_calls == [[["fpga-0"]]]
-    assert (await stub.GetDevicePluginOptions(pb.Empty(), timeout=2)).pre_start_required

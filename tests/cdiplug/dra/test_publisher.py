@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug.dra.kubeclient import LightkubeClient, load_config
 from cdiplug.dra.publisher import SlicePublisher
+from cdiplug.dra.slices import UnhealthyPolicy
 from cdiplug.errors import KubernetesError
-from cdiplug.model import Device, DeviceSnapshot
+from cdiplug.kube.client import LightkubeClient
+from cdiplug.kube.credentials import load_kubeconfig
+from cdiplug.models.devices import Device, DeviceSnapshot, Health, HealthCause
+from cdiplug.telemetry.recorder import NullRecorder
 from cdiplug.testing import ApiServerStandIn
 
 DRIVER = "many.example.com"
@@ -39,7 +42,7 @@ async def api() -> AsyncIterator[ApiServerStandIn]:
 
 @pytest.fixture
 async def client(api: ApiServerStandIn, tmp_path: Path) -> AsyncIterator[LightkubeClient]:
-    client = LightkubeClient(load_config(api.kubeconfig(tmp_path / "kubeconfig")))
+    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")))
     yield client
     await client.close()
 
@@ -83,6 +86,46 @@ async def test_many_devices_spread_shrink_and_stay(api: ApiServerStandIn, publis
     assert all(method in ("GET", "DELETE") for method, _ in api.requests[writes:])
 
 
+def taints(api: ApiServerStandIn) -> dict[str, object]:
+    return {
+        d["name"]: d.get("taints") for s in api.slices(spec__driver=DRIVER, spec__nodeName="n1") for d in s["spec"]["devices"]
+    }
+
+
+async def test_taints_per_cause_go_on_and_come_off(api: ApiServerStandIn, client: LightkubeClient) -> None:
+    """Through the API-server stand-in: an XID taint on, its code changed, off once the GPU recovers,
+    the generic key for a cause-less unhealthy device; each write counted by the recorder."""
+    seen: list[bool] = []
+
+    class Publishes(NullRecorder):
+        def slices_published(self, resource: str, driver: str, ok: bool) -> None:
+            assert (resource, driver) == ("example.com/gpu", DRIVER)
+            seen.append(ok)
+
+    publisher = SlicePublisher(client, DRIVER, "n1", backoff=(0.01, 0.05), resource="example.com/gpu", recorder=Publishes())
+    task = asyncio.create_task(publisher.run(), name="publisher under test")
+    try:
+
+        async def publish(*devices: Device) -> None:
+            publisher.want(DeviceSnapshot("example.com/gpu", devices))
+            await asyncio.wait_for(publisher.wait_published(len(seen) + 1), 10)
+
+        down = Health.UNHEALTHY
+        await publish(Device("gpu-0", health=down, health_cause=HealthCause("xid", "79")), Device("gpu-1"))
+        assert taints(api) == {"gpu-0": [{"key": "cdiplug.dev/xid", "value": "79", "effect": "NoSchedule"}], "gpu-1": None}
+        await publish(Device("gpu-0", health=down, health_cause=HealthCause("xid", "48")), Device("gpu-1", health=down))
+        assert taints(api) == {
+            "gpu-0": [{"key": "cdiplug.dev/xid", "value": "48", "effect": "NoSchedule"}],
+            "gpu-1": [{"key": "cdiplug.dev/unhealthy", "value": "true", "effect": "NoSchedule"}],
+        }
+        await publish(Device("gpu-0"), Device("gpu-1"))  # both recovered
+        assert taints(api) == {"gpu-0": None, "gpu-1": None}
+        assert seen == [True, True, True] and publisher.policy is UnhealthyPolicy.TAINT
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_server_down_at_first_is_retried(api: ApiServerStandIn, publisher: SlicePublisher) -> None:
     await api.stop()
     publisher.want(snapshot(2))
@@ -105,13 +148,6 @@ async def test_errors_become_kubernetes_errors(client: LightkubeClient, api: Api
     with pytest.raises(KubernetesError) as info:
         await client.get_node("n1")
     assert info.value.status is None
-
-
-def test_no_credentials_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(KubernetesError, match="no Kubernetes credentials"):
-        load_config(None)
 
 
 def test_a_daemon_without_dra_never_imports_the_kubernetes_client() -> None:

@@ -17,10 +17,10 @@ from attrs import frozen
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.errors import BackendInitError
 from cdiplug.host import BackendHost
-from cdiplug.model import Device, DeviceSnapshot
-from cdiplug.resource import ResourceConfig
-from cdiplug.supervisor import Supervisor
-from cdiplug.world import World
+from cdiplug.models.devices import Device, DeviceSnapshot
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
+from cdiplug.toolkit.supervisor import Supervisor
 
 
 @frozen

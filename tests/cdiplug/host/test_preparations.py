@@ -15,7 +15,7 @@ import pytest
 
 from cdiplug.errors import PreparationError
 from cdiplug.host import Preparations
-from cdiplug.model import ContainerEdits, Device, DeviceNode, DeviceSnapshot
+from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
 
 R = "example.com/nic"
 

@@ -13,7 +13,7 @@ import attrs
 
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.host import SpecKeepers
-from cdiplug.model import ContainerEdits, Device, DeviceSnapshot, Health
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Health
 
 KIND = "example.com/fpga"
 

@@ -18,7 +18,7 @@ import pytest
 
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from cdiplug.model import Health
+from cdiplug.models.devices import Health
 from cdiplug.testing import KubeletStandIn
 from cdiplug.testing.kubelet import CHECKPOINT_FILE, PodPhase, StandInError, is_extended_resource_name
 

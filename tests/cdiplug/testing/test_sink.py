@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from cdiplug.errors import BackendError
-from cdiplug.model import Device, DeviceSnapshot, Health
+from cdiplug.models.devices import Device, DeviceSnapshot, Health
 from cdiplug.testing.sink import RecordingSink, running
 
 

@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Benchmark of a claim's way to a Running pod on the real cluster, cdiplug beside dra-example-driver.
+
+Needs the one-node cluster of ``hack/local-cluster.sh up`` (root) and the Go reference driver
+built from its v0.4.0 tag (``../shared/peers/dra-example-kubeletplugin.xz``, unpacked to a
+temporary folder). Both drivers run as host processes on the node, side by side, with the same
+kubeconfig, the real kubelet's plugin folders and ``/var/run/cdi``, each kind of claim under a
+driver name of its own on each side (cdiplug: one process, a fake resource per kind; the peer:
+its gpu profile, a process per kind, as its flags are per process):
+
+- ``plain``: one device;
+- ``configured``: one device with an opaque configuration for the driver (cdiplug's
+  ``FakeConfig`` with a mode and an env variable; the peer's ``GpuConfig`` with time-slicing);
+- ``shared``: 10Gi of a device of 80Gi that allows multiple allocations (KEP-5075; the peer with
+  ``--gpu-allow-multiple-allocations``);
+- ``partition``: one half of a partitionable device (KEP-4815; the peer with ``--gpu-partitions 2``).
+
+A cdiplug DaemonSet on the node would share the CDI folder with the bench's cdiplug, whose start
+removes cdiplug's files that its own state does not know: the bench refuses to run beside one
+(``kubectl delete -k deploy/overlays/...`` first).
+
+For ``--pods`` rounds, a pod with a ResourceClaimTemplate of each kind is made for each side
+(the order alternating), and timed from its creation to Ready (``kubectl wait``), then deleted
+(waiting until the kubelet has unprepared it). Figures (one JSON object on stdout):
+
+- ``<kind>_pod_ready_s_p50`` / ``_p90``: claim and pod made -> pod Ready, per side, and cdiplug's
+  over the peer's (the floor measured in the same run);
+- ``<kind>_prepare_ms_mean``: NodePrepareResources as the kubelet times it
+  (``dra_grpc_operations_duration_seconds`` of its /metrics, sum over count, per driver): the
+  time the driver adds to a pod's start. Goal: cdiplug within 1.1x of the Go driver.
+
+``CDIPLUG_BENCH_KEEP=1`` keeps the temporary folder (the drivers' log, cdiplug's state).
+
+Run: ``sudo python bench/bench_dra_cluster.py [--pods 10] [--kinds plain shared ...] [--table]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "hack" / "local-cluster.sh"
+PEER_XZ = Path(os.environ.get("CDIPLUG_PEERS", REPO.parent / "shared" / "peers")) / "dra-example-kubeletplugin.xz"
+NAMESPACE = "cdiplug-bench"
+OURS, PEER = "cdiplug", "dra-example-driver"
+PREPARE = "NodePrepareResources"
+KINDS = ("plain", "configured", "shared", "partition")
+# The driver each side serves each kind with: cdiplug's fake backend (one process, a resource per
+# driver) and the peer's gpu profile (a process per driver: its flags are per process).
+DRIVERS = {
+    OURS: {
+        "plain": "dev.bench.example.com",
+        "configured": "conf.bench.example.com",
+        "shared": "share.bench.example.com",
+        "partition": "part.bench.example.com",
+    },
+    PEER: {
+        "plain": "gpu.example.com",
+        "configured": "conf.example.com",
+        "shared": "share.example.com",
+        "partition": "part.example.com",
+    },
+}
+PEER_FLAGS = {
+    "plain": [],
+    "configured": [],
+    "shared": ["--gpu-allow-multiple-allocations"],
+    "partition": ["--gpu-partitions", "2"],
+}
+OUR_RESOURCES = [
+    {"name": "bench.example.com/dev", "options": {"count": 4}, "dra_driver": DRIVERS[OURS]["plain"]},
+    {"name": "bench.example.com/conf", "options": {"count": 4}, "dra_driver": DRIVERS[OURS]["configured"]},
+    {
+        "name": "bench.example.com/share",
+        "options": {
+            "count": 2,
+            "shared": True,
+            "capacity": {"memory": {"value": "80Gi", "default": "1Gi", "min": "1Gi", "step": "1Gi"}},
+        },
+        "dra_driver": DRIVERS[OURS]["shared"],
+    },
+    {"name": "bench.example.com/part", "options": {"count": 2, "partitions": [1, 2]}, "dra_driver": DRIVERS[OURS]["partition"]},
+]
+
+
+def driver_of(side: str, kind: str) -> str:
+    return DRIVERS[side][kind]
+
+
+def request(side: str, kind: str) -> dict[str, Any]:
+    """One device of the kind: a share asks 10Gi, a partition one half."""
+    driver = driver_of(side, kind)
+    exactly: dict[str, Any] = {"deviceClassName": f"bench-{driver}"}
+    if kind == "shared":
+        exactly["capacity"] = {"requests": {"memory": "10Gi"}}
+    elif kind == "partition":
+        half = f'device.attributes["{driver}"].parts == 2' if side == OURS else f'"partition" in device.attributes["{driver}"]'
+        exactly["selectors"] = [{"cel": {"expression": half}}]
+    return {"name": "dev", "exactly": exactly}
+
+
+def config(side: str, kind: str) -> list[dict[str, Any]]:
+    """The claim's opaque configuration (configured claims): each driver's own kind of parameters."""
+    if kind != "configured":
+        return []
+    if side == OURS:
+        parameters: dict[str, Any] = {
+            "apiVersion": "cdiplug.dev/v1alpha1",
+            "kind": "FakeConfig",
+            "mode": "shared",
+            "env": {"LEVEL": "debug"},
+        }
+    else:
+        parameters = {
+            "apiVersion": "gpu.resource.example.com/v1alpha1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+        }
+    return [{"requests": ["dev"], "opaque": {"driver": driver_of(side, kind), "parameters": parameters}}]
+
+
+def kubectl(kubeconfig: Path, *args: str, input: str | None = None, timeout: float = 120) -> str:
+    result = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args], input=input, capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def apply(kubeconfig: Path, *objects: dict[str, Any]) -> None:
+    kubectl(
+        kubeconfig,
+        "apply",
+        "--validate=false",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+    )
+
+
+def device_class(driver: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"bench-{driver}"},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+    }
+
+
+def claim_pod(name: str, side: str, kind: str) -> list[dict[str, Any]]:
+    devices: dict[str, Any] = {"requests": [request(side, kind)]}
+    if config(side, kind):
+        devices["config"] = config(side, kind)
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": devices}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": name}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+                    "resources": {"claims": [{"name": "dev"}]},
+                }
+            ],
+        },
+    }
+    return [template, pod]
+
+
+def kubelet_prepare(kubeconfig: Path, node: str) -> dict[str, tuple[float, int]]:
+    """(sum of seconds, count) of successful NodePrepareResources per driver, from the kubelet's /metrics."""
+    text = kubectl(kubeconfig, "get", "--raw", f"/api/v1/nodes/{node}/proxy/metrics")
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if (
+            not line.startswith("dra_grpc_operations_duration_seconds_")
+            or PREPARE not in line
+            or 'grpc_status_code="OK"' not in line
+        ):
+            continue
+        sample, value = line.rsplit(" ", 1)
+        driver = sample.split('driver_name="', 1)[1].split('"', 1)[0]
+        entry = out.setdefault(driver, [0.0, 0.0])
+        if sample.startswith("dra_grpc_operations_duration_seconds_sum"):
+            entry[0] += float(value)
+        elif sample.startswith("dra_grpc_operations_duration_seconds_count"):
+            entry[1] += float(value)
+    return {d: (s, int(c)) for d, (s, c) in out.items()}
+
+
+@contextmanager
+def drivers(kubeconfig: Path, node: str, folder: Path) -> Iterator[None]:
+    """cdiplug and the peer running on the node until the block ends."""
+    peer = folder / "dra-example-kubeletplugin"
+    peer.write_bytes(lzma.decompress(PEER_XZ.read_bytes()))
+    peer.chmod(0o700)
+    config = folder / "cdiplug.yaml"
+    config.write_text(json.dumps({"resources": [{"backend": "fake", "api": "dra", **r} for r in OUR_RESOURCES]}))
+    common = {"stdout": subprocess.DEVNULL, "stderr": open(folder / "drivers.log", "wb")}  # closed with the processes
+    peers = [
+        [str(peer), "--node-name", node, "--kubeconfig", str(kubeconfig), "--cdi-root", "/var/run/cdi",
+         "--num-devices", "2" if kind in ("shared", "partition") else "4", "--driver-name", DRIVERS[PEER][kind],
+         *PEER_FLAGS[kind]]
+        for kind in KINDS
+    ]  # fmt: skip
+    ours = [
+        sys.executable, "-m", "cdiplug", "serve", "--config", str(config), "--node-name", node,
+        "--kubeconfig", str(kubeconfig), "--state-dir", str(folder / "state"), "--kubelet-dir", str(folder / "dp"),
+        "--cdi-dir", "/var/run/cdi", "--plugins-registry-dir", "/var/lib/kubelet/plugins_registry",
+        "--plugins-dir", "/var/lib/kubelet/plugins", "--metrics-address", "127.0.0.1:0",
+    ]  # fmt: skip
+    procs = [subprocess.Popen(args, cwd=REPO, **common) for args in [*peers, ours]]  # type: ignore[call-overload]
+    try:
+        for driver in [d for side in DRIVERS.values() for d in side.values()]:
+            try:
+                wait_slice(kubeconfig, driver)
+            except SystemExit:
+                print((folder / "drivers.log").read_text()[-3000:], file=sys.stderr)
+                raise
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        common["stderr"].close()
+
+
+def wait_slice(kubeconfig: Path, driver: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # a bench, not a test: a plain poll of the slices is fine here
+        items = json.loads(kubectl(kubeconfig, "get", "resourceslices", "-o", "json"))["items"]
+        if any(s["spec"]["driver"] == driver and s["spec"].get("devices") for s in items):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"no ResourceSlice of {driver} after {timeout} s")
+
+
+def one_pod(kubeconfig: Path, name: str, side: str, kind: str) -> float:
+    started = time.monotonic()
+    apply(kubeconfig, *claim_pod(name, side, kind))
+    kubectl(kubeconfig, "wait", "--for=condition=Ready", f"pod/{name}", "-n", NAMESPACE, "--timeout=120s", timeout=130)
+    took = time.monotonic() - started
+    kubectl(kubeconfig, "delete", "pod", name, "-n", NAMESPACE, "--wait=true", "--timeout=90s", timeout=100)
+    kubectl(kubeconfig, "delete", "resourceclaimtemplate", name, "-n", NAMESPACE, "--wait=true", timeout=60)
+    return took
+
+
+def figure(ours: float, peer: float, goal: float | None) -> dict[str, Any]:
+    ratio = ours / peer if peer else float("inf")
+    return {
+        "cdiplug": round(ours, 4),
+        "floor": round(peer, 4),
+        "ratio": round(ratio, 3),
+        "goal": f"<= {goal}x the Go driver" if goal else None,
+        "met": (ratio <= goal) if goal else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=10, help="pods per kind and driver (default 10)")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="claims to time (default: all)")
+    parser.add_argument("--table", action="store_true", help="a human table on stderr too")
+    args = parser.parse_args()
+    env = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in subprocess.run([str(SCRIPT), "env"], capture_output=True, text=True, check=True).stdout.splitlines()
+        if "=" in line
+    )
+    kubeconfig = Path(env["KUBECONFIG"])
+    (node,) = [n["metadata"]["name"] for n in json.loads(kubectl(kubeconfig, "get", "nodes", "-o", "json"))["items"]]
+    if kubectl(kubeconfig, "get", "daemonsets", "-A", "-l", "app.kubernetes.io/name=cdiplug", "-o", "name").strip():
+        raise SystemExit("a cdiplug DaemonSet runs on the cluster: delete it first (see the docstring)")
+    folder = Path(tempfile.mkdtemp(prefix="cdiplug-bench-"))
+    times: dict[tuple[str, str], list[float]] = {(side, kind): [] for side in (OURS, PEER) for kind in args.kinds}
+    classes = [device_class(d) for side in DRIVERS.values() for d in side.values()]
+    try:
+        kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+        apply(kubeconfig, *classes)
+        with drivers(kubeconfig, node, folder):
+            for kind in args.kinds:  # first pods: image and caches warm for both
+                for side in (OURS, PEER):
+                    one_pod(kubeconfig, f"warm-{side}-{kind}", side, kind)
+            before = kubelet_prepare(kubeconfig, node)
+            for i in range(args.pods):
+                for kind in args.kinds:
+                    for side in (OURS, PEER) if i % 2 == 0 else (PEER, OURS):
+                        times[(side, kind)].append(one_pod(kubeconfig, f"p{i}-{side}-{kind}", side, kind))
+            after = kubelet_prepare(kubeconfig, node)
+    finally:
+        kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=150)
+        kubectl(kubeconfig, "delete", "deviceclass", *(c["metadata"]["name"] for c in classes), "--ignore-not-found")
+        if not os.environ.get("CDIPLUG_BENCH_KEEP"):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(f"kept {folder}", file=sys.stderr)
+
+    def mean_prepare_ms(side: str, kind: str) -> float:
+        s0, c0 = before.get(driver_of(side, kind), (0.0, 0))
+        s1, c1 = after.get(driver_of(side, kind), (0.0, 0))
+        return 1000 * (s1 - s0) / max(1, c1 - c0)
+
+    def q90(values: list[float]) -> float:
+        return statistics.quantiles(values, n=10)[8] if len(values) >= 2 else values[0]
+
+    figures: dict[str, dict[str, Any]] = {}
+    for kind in args.kinds:
+        ours, peer = times[(OURS, kind)], times[(PEER, kind)]
+        figures[f"{kind}_pod_ready_s_p50"] = figure(statistics.median(ours), statistics.median(peer), None)
+        figures[f"{kind}_pod_ready_s_p90"] = figure(q90(ours), q90(peer), None)
+        figures[f"{kind}_prepare_ms_mean"] = figure(mean_prepare_ms(OURS, kind), mean_prepare_ms(PEER, kind), 1.1)
+    out = {"pods_per_kind": args.pods, "figures": figures, "missed": [k for k, f in figures.items() if f["met"] is False]}
+    print(json.dumps(out, indent=1))
+    if args.table:
+        for name, f in figures.items():
+            print(f"{name:30} cdiplug {f['cdiplug']:>9} dra-example-driver {f['floor']:>9} ratio {f['ratio']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

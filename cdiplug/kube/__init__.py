@@ -1,0 +1,17 @@
+"""cdiplug's one Kubernetes client: credentials found in kubectl's order, calls over lightkube.
+
+- :mod:`.credentials`: where the API server is and how to authenticate (``--kubeconfig``,
+  ``$KUBECONFIG``, ``~/.kube/config``, then in-cluster); bounded reads, errors naming the file.
+  Imports no HTTP client.
+- :mod:`.client`: the :class:`~cdiplug.kube.client.KubeClient` protocol of plain-dict calls and
+  its lightkube implementation; every call bounded in time, errors naming the API object, the
+  server and the credentials' source.
+
+- :mod:`.node_labels`, :mod:`.events`, :mod:`.config_label` and :mod:`.own_node`: what the
+  daemon does with its own Node (``cdiplug.dev/`` labels, Events, the label choosing its named
+  configuration; README "Mixed fleets").
+
+Used by the DRA front end, the node, the daemon and ``cdiplug node-capacity``; below the front
+ends, above the host. This package imports nothing on its own, so importing :mod:`.credentials` never loads
+lightkube: a daemon serving only device-plugin resources never does.
+"""

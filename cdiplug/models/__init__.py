@@ -1,0 +1,1 @@
+"""The values every layer shares: devices and snapshots, resource configuration, names, the world."""

@@ -1,0 +1,143 @@
+"""The backend SDK: everything a backend package may use of cdiplug, and nothing else.
+
+Backends (``cdiplug_backends.*`` and anyone's own) import cdiplug only through this module; an
+import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What is here:
+
+- the protocol a backend implements (:class:`Backend`, publishing to a :class:`SnapshotSink`) and
+  what its package exports (:class:`BackendPlugin`, under the ``cdiplug.backends`` entry points);
+- the optional abilities, small protocols a backend class subclasses so that ``mypy --strict``
+  checks its methods: :class:`Preparer`, :class:`Unpreparer`, :class:`ReleasePoller`,
+  :class:`PreferredAllocator`, :class:`PairwiseAffinity`, :class:`ClaimConfigurable` (DRA
+  per-claim configuration, answering :class:`Configured`);
+- the options protocols its options class may subclass: :class:`CheckedOptions` (``problems()``)
+  and :class:`SizedOptions` (``device_estimate()``); options are structured by :data:`converter`
+  (unknown keys forbidden), enums registered with :func:`register_enum`;
+- the values it reports (:class:`DeviceSnapshot` of :class:`Device`, with :class:`ContainerEdits`, shares
+  (:class:`RequestPolicy`) and partitions (:class:`CounterSet`, :class:`CounterConsumption`),
+  :class:`DeviceNode`, :class:`Mount`, :class:`Health`, attributes), the configuration it is given
+  (:class:`ResourceConfig`), the world passed in (:class:`World`) and the errors it raises;
+- toolkit helpers: bounded file reads, bounded YAML/JSON, atomic writes, state files
+  (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), a folder watch, a backoff, names.
+
+Fakes for testing a backend ship with the backend they fake (``cdiplug_backends.nvidia.testing``,
+``cdiplug_backends.pci.testing``); the core's stand-ins (kubelet, API server) are ``cdiplug.testing``.
+"""
+
+from __future__ import annotations
+
+from cdiplug.backend import (
+    Backend,
+    BackendPlugin,
+    CheckedOptions,
+    ClaimConfigurable,
+    Configured,
+    ModelLabels,
+    PairwiseAffinity,
+    PreferredAllocator,
+    Preparer,
+    ReleasePoller,
+    SizedOptions,
+    SnapshotSink,
+    Unpreparer,
+)
+from cdiplug.config import converter, register_enum
+from cdiplug.errors import (
+    BackendError,
+    BackendInitError,
+    CdiplugError,
+    DeviceInUse,
+    InputError,
+    InvalidRequest,
+    PreparationError,
+)
+from cdiplug.models.devices import (
+    MAX_NUMA_NODE,
+    AttributeValue,
+    ContainerEdits,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceNode,
+    DeviceSnapshot,
+    Health,
+    HealthCause,
+    Mount,
+    PreferredRequest,
+    RequestPolicy,
+    Version,
+)
+from cdiplug.models.names import resource_class
+from cdiplug.models.replicas import underlying
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
+from cdiplug.toolkit import statefile
+from cdiplug.toolkit.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
+from cdiplug.toolkit.backoff import Backoff
+from cdiplug.toolkit.brief import brief
+from cdiplug.toolkit.files import CONFIG_LIMIT, STATE_LIMIT, decode_text, read_bounded, read_text
+from cdiplug.toolkit.filewatch import FOLDER, FolderWatch
+from cdiplug.toolkit.safeload import load_json, load_yaml
+
+__all__ = [
+    # the backend and its plugin
+    "Backend",
+    "BackendPlugin",
+    "SnapshotSink",
+    # optional abilities (a backend class subclasses those it has)
+    "ClaimConfigurable",
+    "Configured",
+    "ModelLabels",
+    "PairwiseAffinity",
+    "PreferredAllocator",
+    "Preparer",
+    "ReleasePoller",
+    "Unpreparer",
+    # options
+    "CheckedOptions",
+    "SizedOptions",
+    "converter",
+    "register_enum",
+    # values, configuration, the world
+    "MAX_NUMA_NODE",
+    "AttributeValue",
+    "ContainerEdits",
+    "CounterConsumption",
+    "CounterSet",
+    "Device",
+    "DeviceNode",
+    "DeviceSnapshot",
+    "Health",
+    "HealthCause",
+    "Mount",
+    "PreferredRequest",
+    "RequestPolicy",
+    "ResourceConfig",
+    "Version",
+    "World",
+    # errors
+    "BackendError",
+    "BackendInitError",
+    "CdiplugError",
+    "DeviceInUse",
+    "InputError",
+    "InvalidRequest",
+    "PreparationError",
+    # toolkit
+    "CONFIG_LIMIT",
+    "FOLDER",
+    "STATE_LIMIT",
+    "TEMP_SUFFIX",
+    "Backoff",
+    "FolderWatch",
+    "brief",
+    "decode_text",
+    "fsync_dir",
+    "load_json",
+    "load_yaml",
+    "read_bounded",
+    "read_text",
+    "resource_class",
+    "statefile",
+    "underlying",
+    "write_atomic",
+]

@@ -1,0 +1,1 @@
+"""The gRPC edge shared by both front ends: unix-socket servers and lenient request decoding."""
