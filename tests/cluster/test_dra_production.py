@@ -40,6 +40,7 @@ TEST_NAMESPACE = "cdiplug-dra-production-test"
 LABEL = "cdiplug.test/dra-production"
 DRIVER = "fpga.example.com"
 DEVICES = 12
+MIN_DURING = 5  # claim pods made while the daemon's update runs (and after it)
 CDI_DIR = Path("/var/run/cdi")
 METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 
@@ -298,6 +299,7 @@ def test_a_rolling_update_fails_no_prepare_and_keeps_the_running_pod(prod: Any, 
     errors: list[str] = []
     done = threading.Event()
     lock = threading.Lock()
+    created: list[str] = []
 
     def follow(name: str, made: float) -> None:
         try:
@@ -320,11 +322,12 @@ def test_a_rolling_update_fails_no_prepare_and_keeps_the_running_pod(prod: Any, 
                 errors.append(f"{name}: {exc}")
 
     def load() -> None:
-        # A new claim's pod every second until the update is over, and two more after.
+        # A new claim's pod every second until the update is over, and two more after; MIN_DURING at
+        # least, since a rollout can be over in two seconds.
         i, after = 0, 2
         followers = []
         while after:
-            if done.is_set():
+            if done.is_set() and i >= MIN_DURING:
                 after -= 1
             name = f"during-{i}"
             made = time.monotonic()
@@ -335,6 +338,7 @@ def test_a_rolling_update_fails_no_prepare_and_keeps_the_running_pod(prod: Any, 
             time.sleep(max(0.0, made + 1.0 - time.monotonic()))  # the pace of the load, not a wait for a state
         for f in followers:
             f.join(240)
+        created.extend(f"during-{n}" for n in range(i))
 
     thread = threading.Thread(target=load, daemon=True)
     started = time.monotonic()
@@ -359,7 +363,7 @@ def test_a_rolling_update_fails_no_prepare_and_keeps_the_running_pod(prod: Any, 
     (status,) = prod.get("pod/holder", TEST_NAMESPACE)["status"]["containerStatuses"]
     assert status["containerID"] == held and status["restartCount"] == 0 and status["ready"]
     assert fpga_of(prod, "holder") == device
-    assert len(starts) >= 5, starts
+    assert len(created) >= MIN_DURING and sorted(starts) == sorted(created), (created, starts)
     longest = max(starts.items(), key=lambda kv: kv[1])
     print(
         f"rolling update (maxSurge 1) in {took:.1f} s: {len(starts)} claim pods made one a second, all Running, "
