@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections.abc
 import copy
 import enum
-import re
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from cdiplug.backend import BackendPlugin, CheckedOptions, load_plugins
 from cdiplug.errors import BackendError, BackendNotFound, ConfigError, InputError
 from cdiplug.frontend import MAX_FILE_NAME, SETTINGS, Problem, front_end_type, owners, registered
 from cdiplug.models.devices import DEFAULT_ALLOCATE, AllocatePart
-from cdiplug.models.names import extended_resource_problem, kind_problem, spec_file_name
+from cdiplug.models.names import extended_resource_problem, is_label_value, kind_problem, spec_file_name
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.toolkit.files import CONFIG_LIMIT, read_text
@@ -308,7 +307,7 @@ def parse_config(
 
 def label_value_problem(name: str) -> str | None:
     """Why ``name`` cannot be a label value (the node label chooses a configuration by it)."""
-    if len(name) > 63 or not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", name) or not name:
+    if not is_label_value(name):
         return "a configuration name is a label value: at most 63 letters, digits, '-', '_' or '.', a letter or digit at each end"
     return None
 

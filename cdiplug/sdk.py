@@ -52,6 +52,8 @@ from cdiplug.errors import (
 )
 from cdiplug.models.devices import (
     MAX_NUMA_NODE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
     AttributeValue,
     ContainerEdits,
     CounterConsumption,
@@ -99,6 +101,8 @@ __all__ = [
     "register_enum",
     # values, configuration, the world
     "MAX_NUMA_NODE",
+    "PCI_BUS_ID_ATTRIBUTE",
+    "PCIE_ROOT_ATTRIBUTE",
     "AttributeValue",
     "ContainerEdits",
     "CounterConsumption",

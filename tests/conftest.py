@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: a World of short-lived folders.
+"""Fixtures shared by every test: a World of short-lived folders; for the DRA tests, the API-server
+stand-in with this node (``api``) and a World that reaches it (``dra_world``).
 
 Unix socket paths are limited to 107 bytes, and pytest's ``tmp_path`` can be longer than that with
 long test names, so the folders live under a short, fresh ``mkdtemp`` folder instead.
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from cdiplug.models.world import World
+from cdiplug.testing import ApiServerStandIn
 
 
 @pytest.fixture
@@ -38,4 +41,29 @@ def world(short_tmp: Path) -> World:
         sysfs_root=folders["sys"],
         dev_root=folders["dev"],
         pod_resources_socket=short_tmp / "pod-resources.sock",
+    )
+
+
+@pytest.fixture
+def node_name() -> str:
+    """The node ``api`` knows and ``dra_world`` is on (a module overrides it to use another)."""
+    return "node-a"
+
+
+@pytest.fixture
+async def api(node_name: str) -> AsyncIterator[ApiServerStandIn]:
+    async with ApiServerStandIn() as server:
+        server.put_node(node_name)
+        yield server
+
+
+@pytest.fixture
+def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn, node_name: str) -> World:
+    """``world`` with the kubelet's plugin folders and a kubeconfig for ``api``."""
+    return attrs.evolve(
+        world,
+        plugins_registry_dir=short_tmp / "reg",
+        plugins_dir=short_tmp / "plugins",
+        node_name=node_name,
+        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
     )

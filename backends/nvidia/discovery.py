@@ -29,6 +29,8 @@ from attrs import field, frozen
 
 from cdiplug.sdk import (
     MAX_NUMA_NODE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
     AttributeValue,
     ContainerEdits,
     Device,
@@ -105,10 +107,6 @@ def numa_node(sysfs_root: Path, bus_id: str) -> int | None:
 
 
 _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
-# The attribute Kubernetes standardised for "devices on the same PCIe root" (KEP-5491).
-PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
-# The standard attribute for a device's PCI address (``0000:3b:00.0``), what KubeVirt reads (KEP-5304).
-PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
 
 def pcie_root(sysfs_root: Path, bus_id: str) -> str | None:

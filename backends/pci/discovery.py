@@ -26,6 +26,8 @@ from fnmatch import fnmatchcase
 from attrs import field, frozen
 
 from cdiplug.sdk import (
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
     AttributeValue,
     ContainerEdits,
     Device,
@@ -60,12 +62,6 @@ class Selection:
     skipped: tuple[tuple[str, str], ...] = ()
     # IOMMU group -> every endpoint function that preparing the group binds (advertised or not).
     group_members: Mapping[str, tuple[str, ...]] = field(factory=dict)
-
-
-# The attribute Kubernetes standardised for "devices on the same PCIe root" (KEP-5491).
-PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
-# The standard attribute for a device's PCI address (``0000:3b:00.1``), what KubeVirt reads (KEP-5304).
-PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
 
 def ids_env(resource: str) -> str:

@@ -34,13 +34,20 @@ def sweep(cdi_dir: Path | str, stale: Callable[[str], bool]) -> list[Path]:
     for entry in entries:
         if not stale(entry.name) or not entry.is_file(follow_symlinks=False):
             continue
-        try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EISDIR:  # replaced by a folder meanwhile: not ours to remove
-                continue
-            raise CdiError(f"cannot remove {entry.path}: {exc.strerror}") from exc
-        removed.append(Path(entry.path))
+        if unlink(Path(entry.path)):
+            removed.append(Path(entry.path))
     return sorted(removed)
+
+
+def unlink(path: Path) -> bool:
+    """Remove the file ``path``; False when it is gone or was replaced by a folder meanwhile (not
+    ours to remove), a CdiError naming it when it cannot be removed."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.EISDIR:
+            return False
+        raise CdiError(f"cannot remove {path}: {exc.strerror}") from exc

@@ -17,7 +17,6 @@ read. A folder the writer creates gets mode 0755 whatever the umask.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat as stat_module
@@ -25,7 +24,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from cdiplug.cdi.sweep import sweep
+from cdiplug.cdi.sweep import sweep, unlink
 from cdiplug.errors import CdiError, InputError
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.names import spec_file_name
@@ -156,7 +155,7 @@ class SpecWriter:
                 unchanged, stamp = False, _stat(path)  # same stamp, other bytes: look again, rewrite
             if not snapshot.devices:
                 self._written.pop(kind, None)
-                return _unlink(path)
+                return unlink(path)
             content = self.render(kind, snapshot)
             if stamp is not None and stamp.regular and stamp.mode & 0o7777 == FILE_MODE:
                 if last is not None and unchanged and last.holds(content):
@@ -289,15 +288,3 @@ def _kind(mode: int) -> str:
     if stat_module.S_ISREG(mode):
         return "a file"
     return "a device node"
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        if exc.errno == errno.EISDIR:
-            return False
-        raise CdiError(f"cannot remove {path}: {exc.strerror}") from exc

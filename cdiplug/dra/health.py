@@ -95,9 +95,6 @@ class HealthFeed:
         """How long the kubelet may trust a message: three heartbeats (0 would mean its default)."""
         return max(1, math.ceil(self.heartbeat * 3))
 
-    def states(self) -> dict[str, DeviceState]:
-        return dict(self._health)
-
     async def watch(self) -> AsyncIterator[dict[str, DeviceState]]:
         """The pool now, on every change, and every ``heartbeat`` seconds when nothing changed."""
         while True:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -47,7 +46,7 @@ from cdiplug.dra.checkpoint import PreparedClaim
 from cdiplug.dra.slices import device_body
 from cdiplug.errors import CdiError, InputError, InvalidRequest
 from cdiplug.models.devices import Device, Mount
-from cdiplug.models.names import is_dns_subdomain
+from cdiplug.models.names import is_dns_label, is_dns_subdomain
 from cdiplug.toolkit.atomic import make_dirs, write_atomic
 from cdiplug.toolkit.files import read_bounded
 
@@ -61,12 +60,11 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 MAX_FILE = 256 * 1024  # 128 devices of 32 attributes fit many times over
 MAX_SEGMENT = 255  # NAME_MAX: ``<namespace>_<claim>`` can exceed it (63 + 1 + 253)
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def check_names(namespace: str, claim: str, driver: str) -> None:
     """InvalidRequest unless the names are Kubernetes names a path may be built from."""
-    if not _DNS_LABEL.fullmatch(namespace):
+    if not is_dns_label(namespace):
         raise InvalidRequest(f"claim namespace {namespace[:80]!r} is not a DNS label")
     if not is_dns_subdomain(claim):
         raise InvalidRequest(f"claim name {claim[:80]!r} is not a DNS subdomain")
@@ -80,7 +78,7 @@ def request_of(name: str) -> str:
     """The request a result belongs to (``gpu/small`` -> ``gpu``); InvalidRequest unless
     ``<request>`` or ``<request>/<subrequest>``, each a DNS label."""
     request, _, sub = name.partition("/")
-    if not _DNS_LABEL.fullmatch(request) or ("/" in name and not _DNS_LABEL.fullmatch(sub)):
+    if not is_dns_label(request) or ("/" in name and not is_dns_label(sub)):
         raise InvalidRequest(f"request name {name[:80]!r} is not a DNS label (or label/label)")
     return request
 
@@ -114,7 +112,7 @@ def pod_claim_name(claim: Mapping[str, Any]) -> str | None:
     value = annotations.get(POD_CLAIM_ANNOTATION) if isinstance(annotations, Mapping) else None
     if value is None:
         return None
-    if not isinstance(value, str) or not _DNS_LABEL.fullmatch(value):
+    if not isinstance(value, str) or not is_dns_label(value):
         raise InvalidRequest(f"annotation {POD_CLAIM_ANNOTATION} {str(value)[:80]!r} is not a DNS label")
     return value
 
@@ -198,7 +196,7 @@ def written_pod_claim(plugins_dir: Path, record: PreparedClaim) -> str | None:
             except (InputError, ValueError):
                 continue
             value = data.get("podClaimName") if isinstance(data, dict) else None
-            if isinstance(value, str) and _DNS_LABEL.fullmatch(value):
+            if isinstance(value, str) and is_dns_label(value):
                 return value
     return None
 

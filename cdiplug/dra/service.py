@@ -9,7 +9,7 @@ gRPC answers are chosen. Both versions have the same messages on the wire and ar
 implementation over a :class:`~cdiplug.dra.handler.ClaimHandler` (the driver's
 :class:`~cdiplug.dra.prepare.ClaimPreparer`): protobuf claims become frozen
 :class:`~cdiplug.dra.claims.ClaimRef` values, prepared claims become protobuf devices, and
-errors become answers in one place (:func:`answer_for`):
+errors become answers in one place (:func:`error_message`):
 
 - every claim of a call is handled concurrently; a claim that fails gets its ``error`` string in
   the answer (the kubelet retries it) while the others succeed — the protocol's way, rather than
@@ -36,7 +36,7 @@ from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.handler import ClaimHandler
 from cdiplug.errors import CdiplugError, InvalidRequest
 from cdiplug.toolkit.brief import brief
-from cdiplug.wire.lenient import Rpc, Undecodable, add_lenient_service, status_for
+from cdiplug.wire.lenient import Rpc, Undecodable, add_lenient_service
 
 log = logging.getLogger(__name__)
 
@@ -59,29 +59,18 @@ def _ref(claim: Any) -> ClaimRef:
     return ref
 
 
-def answer_for(exc: BaseException | Undecodable) -> tuple[grpc.StatusCode, str]:
-    """How an error is answered: the status of a whole call, and the message (a claim's ``error``).
-
-    A claim's failure is answered in its ``error`` string (the protocol's way: the kubelet retries
-    that claim) and the code, chosen by :func:`~cdiplug.wire.lenient.status_for` as for every RPC, is what
-    the call would get if it failed whole. cdiplug's own errors are the caller's or the node's;
-    anything else is a bug, named by its type.
-    """
-    if isinstance(exc, Undecodable):
-        return grpc.StatusCode.INVALID_ARGUMENT, exc.reason
+def error_message(exc: BaseException) -> str:
+    """How a claim's failure is answered: in its ``error`` string (the protocol's way: the kubelet
+    retries that claim). cdiplug's own errors are the caller's or the node's; anything else is a
+    bug, named by its type."""
     if isinstance(exc, CdiplugError):
-        return status_for(exc), str(exc)
-    return status_for(exc), f"internal error: {type(exc).__name__}: {exc}"
-
-
-def _message(exc: BaseException) -> str:
-    return answer_for(exc)[1]
+        return str(exc)
+    return f"internal error: {type(exc).__name__}: {exc}"
 
 
 async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    if isinstance(request, Undecodable):
-        code, message = answer_for(request)
-        await context.abort(code, message)
+    if isinstance(request, Undecodable):  # the one status this edge answers with: the whole call is unreadable
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
 
 class _Plugin:
@@ -97,7 +86,7 @@ class _Plugin:
             done: PreparedClaim = await self.handler.prepare(_ref(claim))
         except Exception as exc:  # per claim: the kubelet retries this one
             self._log(exc, "prepare", claim)
-            return pb.NodePrepareResourceResponse(error=_message(exc))
+            return pb.NodePrepareResourceResponse(error=error_message(exc))
         return pb.NodePrepareResourceResponse(
             devices=[
                 pb.Device(
@@ -115,7 +104,7 @@ class _Plugin:
             await self.handler.unprepare(_ref(claim))
         except Exception as exc:
             self._log(exc, "unprepare", claim)
-            return self.pb.NodeUnprepareResourceResponse(error=_message(exc))
+            return self.pb.NodeUnprepareResourceResponse(error=error_message(exc))
         return self.pb.NodeUnprepareResourceResponse()
 
     def _log(self, exc: BaseException, what: str, claim: Any) -> None:

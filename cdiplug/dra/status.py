@@ -146,9 +146,3 @@ async def publish(
     except Exception as exc:  # a status is never worth a failed prepare
         log.warning("%s: cannot %s the device status of claim %s/%s: %r", driver, what, namespace, name, exc)
     return False
-
-
-def ours(claim: Mapping[str, Any], driver: str) -> list[dict[str, Any]]:
-    """The entries of ``status.devices`` that belong to ``driver``."""
-    devices = ((claim.get("status") or {}).get("devices")) or []
-    return [d for d in devices if isinstance(d, dict) and d.get("driver") == driver]

@@ -166,14 +166,16 @@ class BackendHost:
             self._held[resource] = (frozenset(device_ids), cause)
         elif self._held.pop(resource, None) is None:
             return
-        latest, listener = self._latest.get(resource), self._listeners.get(resource)
-        if latest is not None and listener is not None:
-            listener.offer(self._holding(latest))
+        self._offer_again(resource)
 
     def hold_all(self, resource: str, cause: HealthCause) -> None:
         """Offer every device of ``resource`` Unhealthy with ``cause`` (those it reports later too)
         until :meth:`hold` says which: another API's pods use some, and which is not known yet."""
         self._held[resource] = (None, cause)
+        self._offer_again(resource)
+
+    def _offer_again(self, resource: str) -> None:
+        """The latest snapshot of ``resource`` to its front end again, as held now."""
         latest, listener = self._latest.get(resource), self._listeners.get(resource)
         if latest is not None and listener is not None:
             listener.offer(self._holding(latest))

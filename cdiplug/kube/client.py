@@ -60,7 +60,6 @@ RETRY_AFTER_MAX = 300.0  # a longer Retry-After is not believed
 _ERRORS = (ApiError, httpx2.HTTPError, msgspec.ValidationError, msgspec.DecodeError, ConfigError, OSError)
 NOT_FOUND = 404
 CONFLICT = 409
-GONE = 410
 
 T = TypeVar("T")
 # The watch requests sent by the current watch_slices call (in its task): a second one is

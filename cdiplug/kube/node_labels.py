@@ -30,8 +30,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cdiplug.backend import ModelLabels
+from cdiplug.config import CONFIG_LABEL  # chosen by whoever runs the node; never written by cdiplug
 from cdiplug.errors import CdiplugError
 from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.models.names import is_label_value
 from cdiplug.toolkit.backoff import Backoff
 
 if TYPE_CHECKING:
@@ -40,9 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "cdiplug.dev/"
-CONFIG_LABEL = PREFIX + "config"  # chosen by whoever runs the node; never written by cdiplug
 MAX_NAME = 63  # the name part of a label key, and a label value
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _NOT_VALUE = re.compile(r"[^-A-Za-z0-9_.]+")
 
 
@@ -55,7 +55,7 @@ def resource_part(resource: str) -> str:
 def label_key(resource: str, name: str) -> str | None:
     """``cdiplug.dev/example.com.fpga.speed``, or None when that is no valid label key."""
     part = f"{resource_part(resource)}.{name}"
-    return PREFIX + part if len(part) <= MAX_NAME and _NAME.match(part) else None
+    return PREFIX + part if is_label_value(part) else None
 
 
 def label_value(value: object) -> str | None:
@@ -65,7 +65,7 @@ def label_value(value: object) -> str | None:
     if isinstance(value, int):
         return str(value) if value >= 0 else None
     text = _NOT_VALUE.sub("-", str(value))[:MAX_NAME].strip("-_.")
-    return text if text and _NAME.match(text) else None
+    return text if is_label_value(text) else None
 
 
 def shared_attributes(snapshot: DeviceSnapshot) -> dict[str, object]:

@@ -18,6 +18,8 @@ from typing import TypeVar
 import attrs
 from attrs import field, frozen
 
+from cdiplug.models.names import is_dns_label
+
 
 class Health(str, enum.Enum):
     """Device health as the kubelet spells it."""
@@ -26,12 +28,11 @@ class Health(str, enum.Enum):
     UNHEALTHY = "Unhealthy"
 
 
-_CAUSE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _CAUSE_CODE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 def _check_cause_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if not _CAUSE_NAME.fullmatch(value):
+    if not is_dns_label(value):
         raise ValueError(f"health cause {value!r}: expected lower-case letters, digits and '-', at most 63")
 
 
@@ -110,6 +111,10 @@ def _attribute_tuple(
 MAX_NUMA_NODE = 2**31 - 1
 """The highest NUMA node number cdiplug accepts from a config or sysfs (the kernel's are far lower;
 the kubelet's topology manager keeps them in an int)."""
+# The attribute Kubernetes standardised for "devices on the same PCIe root" (KEP-5491).
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+# The standard attribute for a device's PCI address (``0000:3b:00.0``), what KubeVirt reads (KEP-5304).
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
 
 def _sorted_ints(value: Iterable[int]) -> tuple[int, ...]:

@@ -39,6 +39,18 @@ def is_dns_subdomain(name: str) -> bool:
     return len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
 
 
+def is_dns_label(name: str) -> bool:
+    """A DNS-1123 label (namespaces, request names, health causes): at most 63 lower-case letters,
+    digits and '-', a letter or digit at each end."""
+    return _DNS1123_LABEL_RE.fullmatch(name) is not None
+
+
+def is_label_value(value: str) -> bool:
+    """A non-empty label value, or the name part of a label key: at most 63 letters, digits, '-',
+    '_' or '.', a letter or digit at each end."""
+    return len(value) <= 63 and _QUALIFIED_NAME_PART.fullmatch(value) is not None
+
+
 def extended_resource_problem(name: str) -> str | None:
     """Why the kubelet would refuse ``name`` as an extended resource, or None when it is fine."""
     if "/" not in name:
@@ -56,7 +68,7 @@ def extended_resource_problem(name: str) -> str | None:
     # The kubelet also checks "requests." + name, whose prefix then is "requests.<prefix>".
     if len("requests." + prefix) > 253:
         return f"resource name {name!r}: prefix is too long"
-    if not rest or len(rest) > 63 or not _QUALIFIED_NAME_PART.fullmatch(rest):
+    if not is_label_value(rest):
         return (
             f"resource name {name!r}: {rest!r} must be at most 63 characters of letters, digits, "
             "'-', '_' or '.', starting and ending with a letter or digit"

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from cdiplug.models.names import is_dns_label
 from cdiplug.testing.apifaults import FaultSwitches, HttpError
 from cdiplug.testing.jsonpatch import PatchError, json_patch, merge_patch
 
@@ -54,7 +55,6 @@ SLICES = "resourceslices"
 CLAIMS = "resourceclaims"
 NODES = "nodes"
 EVENTS = "events"
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _PATHS = [
     (re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/(?P<name>[^/]+))?$"), SLICES),
     (
@@ -301,7 +301,7 @@ class ApiServerStandIn(FaultSwitches):
         if len(devices) > limit:
             problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {limit} items")
         for i, d in enumerate(devices):
-            if not _DNS_LABEL.fullmatch(str(d.get("name", ""))):
+            if not is_dns_label(str(d.get("name", ""))):
                 problems.append(f"spec.devices[{i}].name: Invalid value: {d.get('name')!r}: a DNS label")
             if len(d.get("attributes") or {}) + len(d.get("capacity") or {}) > 32:
                 problems.append(f"spec.devices[{i}]: Too many attributes and capacities")

@@ -23,11 +23,9 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 from cdiplug.config import Config, parse_config
@@ -44,10 +42,8 @@ MIB = "x" * (1 << 20)
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
+def node_name() -> str:
+    return NODE
 
 
 @pytest.fixture
@@ -55,17 +51,6 @@ def config(short_tmp: Path) -> Config:
     options = {"count": 2, "prepared_dir": str(short_tmp / "prepared")}
     return parse_config(
         {"resources": [{"name": "example.com/fpga", "backend": "fake", "api": "dra", "options": options}]}, source="hostile"
-    )
-
-
-@pytest.fixture
-def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
-    return attrs.evolve(
-        world,
-        plugins_registry_dir=short_tmp / "reg",
-        plugins_dir=short_tmp / "plugins",
-        node_name=NODE,
-        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
     )
 
 

@@ -158,8 +158,9 @@ async def test_events_about_its_own_node_only(apiserver: Path, daemon_kubeconfig
         task = asyncio.create_task(events.run())
         try:
             events.emit("ConfigurationError", "no configuration named 'gpu' (the file has: default)", warning=True)
-            while not events.sent:  # NodeEvents has no signal of its own; it sends within one loop turn
-                await asyncio.sleep(0.05)
+            async with asyncio.timeout(10):  # NodeEvents has no signal of its own; it sends within one loop turn
+                while not events.sent:
+                    await asyncio.sleep(0.05)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 from cdiplug.config import Config, parse_config
@@ -46,24 +44,6 @@ def marks(short_tmp: Path) -> Path:
 def config(marks: Path) -> Config:
     resource = {"name": FPGA, "backend": "fake", "api": "dra", "options": {"count": 2, "prepared_dir": str(marks)}}
     return parse_config({"resources": [resource]}, source="test_dra_claim_config")
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
-
-
-@pytest.fixture
-def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
-    return attrs.evolve(
-        world,
-        plugins_registry_dir=short_tmp / "reg",
-        plugins_dir=short_tmp / "plugins",
-        node_name=NODE,
-        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
-    )
 
 
 def fake_config(**fields: Any) -> dict[str, Any]:

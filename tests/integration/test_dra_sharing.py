@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 from cdiplug.config import Config, parse_config
@@ -54,21 +51,8 @@ def config() -> Config:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
-
-
-@pytest.fixture
-def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
-    return attrs.evolve(
-        world,
-        plugins_registry_dir=short_tmp / "reg",
-        plugins_dir=short_tmp / "plugins",
-        node_name=NODE,
-        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
-    )
+def node_name() -> str:
+    return NODE
 
 
 def claim(uid: str, driver: str, device: str, share: str | None = None, memory: str = "") -> dict[str, Any]:

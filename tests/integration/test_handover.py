@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import attrs
 import grpc
-import pytest
 
 from cdiplug.config import Config, parse_config
 from cdiplug.models.world import World
@@ -42,24 +39,6 @@ DP_SPEC = "cdiplug-example.com-fpga.json"  # the device plugin's CDI spec of the
 
 def config(api: str) -> Config:
     return parse_config({"resources": [{"name": FPGA, "backend": "fake", "api": api, "options": {"count": 2}}]}, "handover")
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
-
-
-@pytest.fixture
-def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
-    return attrs.evolve(
-        world,
-        plugins_registry_dir=short_tmp / "reg",
-        plugins_dir=short_tmp / "plugins",
-        node_name=NODE,
-        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
-    )
 
 
 def taints(api: ApiServerStandIn) -> dict[str, list[dict[str, Any]]]:

@@ -85,12 +85,6 @@ def test_apply_body_names_the_claim_and_clears_with_no_devices() -> None:
     assert status.apply_body("ns", "c", "uid-1", [])["status"] == {}
 
 
-def test_ours_picks_the_drivers_entries() -> None:
-    claim = {"status": {"devices": [{"driver": "a", "device": "1"}, {"driver": "b", "device": "2"}]}}
-    assert status.ours(claim, "b") == [{"driver": "b", "device": "2"}]
-    assert status.ours({}, "b") == []
-
-
 class Client:
     def __init__(self, error: BaseException | None = None, stall: bool = False) -> None:
         self.calls: list[tuple[str, str, Mapping[str, Any], str]] = []

@@ -1,4 +1,5 @@
-"""The DRA tests' world: the API-server stand-in with this node, folders for the kubelet's sockets, a config.
+"""The DRA tests' config (the API-server stand-in with the node ``NODE`` and the world that
+reaches it are ``api`` and ``dra_world``, in tests/conftest.py).
 
 ``config`` serves ``example.com/fpga`` (fake, two devices with attributes, a health file) as DRA
 driver ``fpga.example.com`` and ``example.com/dongle`` as a device plugin.
@@ -6,15 +7,11 @@ driver ``fpga.example.com`` and ``example.com/dongle`` as a device plugin.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import attrs
 import pytest
 
 from cdiplug.config import Config, parse_config
-from cdiplug.models.world import World
-from cdiplug.testing import ApiServerStandIn
 
 FPGA = "example.com/fpga"
 DONGLE = "example.com/dongle"
@@ -45,22 +42,4 @@ def config(health_file: Path) -> Config:
             ]
         },
         source="test_dra",
-    )
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
-
-
-@pytest.fixture
-def dra_world(world: World, short_tmp: Path, api: ApiServerStandIn) -> World:
-    return attrs.evolve(
-        world,
-        plugins_registry_dir=short_tmp / "reg",
-        plugins_dir=short_tmp / "plugins",
-        node_name=NODE,
-        kubeconfig=api.kubeconfig(short_tmp / "kubeconfig"),
     )
