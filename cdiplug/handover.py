@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdiplug.deviceplugin.release import Lister, list_allocated
 from cdiplug.errors import KubeletError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import HealthCause
@@ -49,15 +50,8 @@ log = logging.getLogger(__name__)
 HELD = HealthCause("device-plugin-pod")  # the taint cdiplug.dev/device-plugin-pod=true:NoSchedule
 CLAIMED = HealthCause("dra-claim")  # held for DRA claims, advertised Unhealthy to the device plugin
 TASK = "handover"
-Lister = Callable[[Path], Awaitable["AllocatedDevices"]]
 Report = Callable[[str, str], None]  # (reason, message): a Node Event
 Done = Callable[[str], Awaitable[None]]
-
-
-async def list_allocated(socket: Path) -> AllocatedDevices:
-    from cdiplug.deviceplugin.pod_resources import list_allocated as list_from_kubelet  # the stubs on first use
-
-    return await list_from_kubelet(socket)
 
 
 def _nothing(reason: str, message: str) -> None:
@@ -167,9 +161,12 @@ class Handover:
 
     def _hold(self, name: str, allocated: AllocatedDevices | None) -> None:
         driver = self._driver[name]
-        if allocated is None:
+        if allocated is None:  # the kubelet did not answer: whatever pods hold, every device stays held
             latest = self.host.latest(name)
-            ids = frozenset(d.id for d in latest.devices) if latest is not None else self.host.held(name)
+            if latest is None:  # nor has the backend reported (recreated by the same reload): all, as it reports them
+                self.host.hold_all(name, HELD if driver is None else CLAIMED)
+                return
+            ids = frozenset(d.id for d in latest.devices)
         else:
             holding = self._holding(name, allocated)
             if holding is None:  # until the backend reports: every device, asked again each interval
