@@ -206,8 +206,11 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig]):
         return KIND
 
     def configure(self, resource: str, device: Device, config: FakeClaimConfig) -> Configured:
-        # The device's own variable, FAKE_<CLASS>_DEVICE_<N>: its mode goes beside it.
-        return Configured(shaped(device, config, f"{env_prefix(resource)}_DEVICE_{device.id.rpartition('-')[2]}"))
+        # The device's own variable (FAKE_<CLASS>_DEVICE_<N>, a partition's FAKE_<CLASS>_DEVICE_<N>_<K>OF<P>):
+        # its mode goes beside it.
+        prefix = f"{env_prefix(resource)}_DEVICE_"
+        own = next((k for k, _ in device.edits.env if k.startswith(prefix)), f"{prefix}{device.id.rpartition('-')[2]}")
+        return Configured(shaped(device, config, own))
 
     def snapshot(self, resource: ResourceConfig[FakeOptions], health: Mapping[str, DeviceHealth]) -> DeviceSnapshot:
         devices = self._devices(resource)

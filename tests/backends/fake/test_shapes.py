@@ -16,6 +16,7 @@ from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError
 from cdiplug.models.devices import Health, RequestPolicy
 from cdiplug_backends.fake import FakeBackend
+from cdiplug_backends.fake.claim_config import FakeClaimConfig, Mode
 from cdiplug_backends.fake.shapes import quantity
 
 
@@ -127,3 +128,14 @@ def test_bad_options_are_refused_naming_the_option(options, message, path):
 def test_quantities():
     assert quantity("80Gi") == 80 * 2**30 and quantity("1.5k") == 1500 and quantity("500m") == quantity("0.5")
     assert quantity("-1") is None and quantity("1Gb") is None and quantity("") is None
+
+
+def test_a_configured_partition_shows_its_mode_beside_its_own_variable(world):
+    r = resource({"count": 2, "partitions": [1, 2]})
+    backend = FakeBackend([r], world)
+    snap = backend.snapshot(r, {})
+    config = FakeClaimConfig(mode=Mode.SHARED)
+    for ident in ("gpu-0-1of2", "gpu-1-1of2", "gpu-1"):
+        env = dict(backend.configure(r.name, snap.get(ident), config).device.edits.env)
+        (own,) = [k for k in env if k.startswith("FAKE_GPU_DEVICE_") and not k.endswith("_MODE")]
+        assert env[f"{own}_MODE"] == "shared", (ident, env)  # two GPUs' halves never share one variable
