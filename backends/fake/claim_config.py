@@ -4,7 +4,7 @@
 
     apiVersion: cdiplug.dev/v1alpha1
     kind: FakeConfig
-    mode: exclusive          # default | exclusive | shared: shown as FAKE_<CLASS>_DEVICE_<N>_MODE
+    mode: exclusive          # default | exclusive | shared: shown as FAKE_<CLASS>_DEVICE_<N>_MODE (a partition's beside its own variable)
     env: {LOG_LEVEL: debug}  # an overlay added to each device's env (a device's own variables win)
 
 Nothing is done to a fake device: the configuration shows in the container's env only, which is
