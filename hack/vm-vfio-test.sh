@@ -158,7 +158,7 @@ host_main() {
   local started=$SECONDS
   # TCG: KVM on these machines cannot run a stock kernel, and TCG is fast enough for this.
   set +e
-  timeout "${CDIPLUG_VM_TIMEOUT:-230}" qemu-system-x86_64 \
+  timeout "${CDIPLUG_VM_TIMEOUT:-890}" qemu-system-x86_64 \
     -machine q35,kernel-irqchip=split -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
     -device intel-iommu,intremap=on \
     -kernel "$vm/vmlinuz-$KVER" -initrd "$vm/initramfs-$KVER.cpio.gz" \
@@ -177,7 +177,7 @@ host_main() {
   echo "host: $passes PASS, $fails FAIL, ${exit_line:-no exit line} (console in $vm/console.log)"
   mv -f "$log" "$vm/console.log"
   if [[ $qemu_rc == 124 ]]; then
-    echo "FAIL: the VM did not finish within ${CDIPLUG_VM_TIMEOUT:-230} s" >&2
+    echo "FAIL: the VM did not finish within ${CDIPLUG_VM_TIMEOUT:-890} s" >&2
     exit 1
   fi
   [[ $exit_line == "VM-TEST-EXIT: 0" && $fails == 0 && $passes -gt 0 ]] || exit 1

@@ -26,7 +26,10 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "vm-vfio-test.sh"
-LIMIT = 360  # the whole run, boot included, on 2 cores: about 170 s, 30 s more for the DRA scenario, more for its kill -9 (two daemon processes)
+# The whole run, boot included, bounds a hang, not a slow machine: the guest is done in about 215 s
+# on 2 cores here, and a CI machine ran it 2.5 to 3.7 times slower (TCG emulates every instruction:
+# discover took 78 s there against 21 s here), which ran past an earlier bound of 360 s.
+LIMIT = 900
 
 EXPECTED = [
     "vfio-pci is loaded",
