@@ -63,6 +63,26 @@ async def refused(call: Callable[[], Awaitable[Any]], *words: str) -> Kubernetes
     return info.value
 
 
+async def until_policy_applies(policy: str, call: Callable[[int], Awaitable[Any]]) -> None:
+    """Make call(attempt) until the server refuses it naming ``policy``.
+
+    RBAC and each admission policy reach the server's caches a moment after they are created, each
+    on its own (a CI run saw the events policy admit an Event about n9 after the node-labels one had
+    taken effect): until then, nothing a test asserts about the policy means anything. A plain 403
+    is RBAC not there yet; an admitted call, the policy not yet there.
+    """
+    deadline = time.monotonic() + 60
+    for attempt in itertools.count():
+        try:
+            await call(attempt)
+        except KubernetesError as exc:
+            if policy in str(exc):
+                return
+            assert exc.status == 403, exc
+        assert time.monotonic() < deadline, f"the admission policy {policy} never took effect"
+        await asyncio.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def daemon_kubeconfig(apiserver: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     """The RBAC and policies as shipped, a pod of the DaemonSet's service account on n1; its token's kubeconfig."""
@@ -85,18 +105,10 @@ async def test_the_daemon_labels_its_own_node_and_nothing_else(apiserver: Path, 
     kubectl(apiserver, "label", "node", "n1", "team=infra", "cdiplug.dev/config=fast-fpga", "cdiplug.dev/stale.thing.count=3")
     client = LightkubeClient(load_kubeconfig(daemon_kubeconfig))
     try:
-        # RBAC and the policies reach the server's caches a moment after they are created: until
-        # a patch of another prefix is refused by the policy, nothing else here means anything.
         # Each probe sets a new value: the server admits no unchanged object at all.
-        deadline = time.monotonic() + 60
-        for attempt in itertools.count():
-            try:
-                await client.patch_node("n1", {"metadata": {"labels": {"probe.example.com/x": str(attempt)}}})
-            except KubernetesError as exc:
-                if POLICY in str(exc):
-                    break
-            assert time.monotonic() < deadline, "the admission policy never took effect"
-            await asyncio.sleep(0.5)
+        await until_policy_applies(
+            POLICY, lambda attempt: client.patch_node("n1", {"metadata": {"labels": {"probe.example.com/x": str(attempt)}}})
+        )
         kubectl(apiserver, "label", "node", "n1", "probe.example.com/x-")  # what got through before it did
 
         labeler = NodeLabeler(lambda: client, "n1", interval=0.1, settle=0, backoff=(0.1, 0.5))
@@ -147,20 +159,9 @@ async def test_events_about_its_own_node_only(apiserver: Path, daemon_kubeconfig
     client = LightkubeClient(load_kubeconfig(daemon_kubeconfig))
     try:
         now = datetime.datetime.now(datetime.UTC)
-        # The role's binding reaches RBAC's cache, and the policy and its binding the admission
-        # plugin's, each a moment after they were created, separately from the node-labels policy
-        # (a CI run saw an Event about n9 admitted after that one took effect). Until an Event about
-        # another node is refused by this policy, nothing else here means anything.
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                await client.create_event("default", event_body("n9", "Probe", "policy yet?", False, 1, now))
-            except KubernetesError as exc:
-                if EVENTS_POLICY in str(exc):
-                    break
-                assert exc.status == 403, exc  # RBAC not there yet
-            assert time.monotonic() < deadline, "the events policy never took effect"
-            await asyncio.sleep(0.2)
+        await until_policy_applies(
+            EVENTS_POLICY, lambda _: client.create_event("default", event_body("n9", "Probe", "policy yet?", False, 1, now))
+        )
         events = NodeEvents(lambda: client, "n1", interval=0.1, backoff=(0.1, 0.5))
         task = asyncio.create_task(events.run())
         try:
