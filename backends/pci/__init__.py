@@ -20,10 +20,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from cdiplug.sdk import BackendPlugin
+from cdiplug.sdk import BackendPlugin, UdevMonitor
 
 from .backend import PciBackend
-from .hotplug import UdevMonitor
 from .options import PciOptions, Release, Selector
 
 

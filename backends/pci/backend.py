@@ -6,7 +6,7 @@
    finished only when the functions still on a host driver pass the bind's safety checks, see
    :meth:`PciBackend.check_in_use`),
 2. scans sysfs and publishes a snapshot per resource (``discovery``),
-3. rescans on every udev event of a PCI device (add, remove, bind, unbind; ``hotplug``) and
+3. rescans on every udev event of a PCI device (add, remove, bind, unbind; the SDK's ``UdevWatch``) and
    every ``rescan_interval`` seconds as a fallback (fake trees have no udev); a removed function
    leaves its snapshot at once,
 4. follows link state through netlink for resources with ``link_health`` (a network function
@@ -48,8 +48,12 @@ from cdiplug.sdk import (
     ReleasePoller,
     ResourceConfig,
     SnapshotSink,
+    UdevMonitor,
+    UdevWatch,
     Unpreparer,
     World,
+    close_monitor,
+    open_monitor,
 )
 
 from .claim_config import KIND, PciClaimConfig
@@ -63,7 +67,6 @@ from .discovery import (
     select_all,
     to_snapshot,
 )
-from .hotplug import UdevMonitor, UdevWatch, open_monitor
 from .journal import BoundRecord, Journal, JournalError
 from .links import LinkStates
 from .options import PciOptions, Release
@@ -215,9 +218,7 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if monitor is not None and monitor is not self.udev_monitor:
-                close = getattr(monitor, "close", None)
-                if close is not None:
-                    close()
+                close_monitor(monitor)
 
     async def _rescan_periodically(self) -> None:
         """Rescan when woken (link state changed) or, as the fallback, every ``rescan_interval``."""
@@ -240,11 +241,11 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
             await asyncio.sleep(LINK_RETRY)
 
     def _open_monitor(self) -> UdevMonitor | None:
-        return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root)
+        return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root, ("pci",))
 
     async def _watch_udev(self, monitor: UdevMonitor) -> None:
-        async for events in UdevWatch(monitor).batches():
-            removed = {name for action, name in events if action == "remove"}
+        async for events in UdevWatch(monitor, ("pci",)).batches():
+            removed = {e.sys_name for e in events if e.action == "remove"}
             if removed:
                 self._drop(removed)
             await self.rescan()
