@@ -36,6 +36,7 @@ from cdiplug.sdk import (
     Health,
     HealthCause,
     InvalidRequest,
+    ModelLabels,
     PreparationError,
     Preparer,
     RequestPolicy,
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 UNPLUGGED = "unplugged"
 NODES_CHANGED = "nodes-changed"
 SLOTS = "slots"
+# The kernel sends a device's remove event before its sysfs folder is gone: look again this much later.
+SETTLE = 0.25
 
 
 def slot_id(device_id: str, index: int) -> str:
@@ -114,7 +117,7 @@ class ResourceState:
         return DeviceSnapshot(self.config.name, devices=self.devices(), skipped=last.skipped, explained=last.explained)
 
 
-class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericClaimConfig]):
+class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericClaimConfig], ModelLabels):
     """The ``generic`` backend (see the module docstring)."""
 
     def __init__(
@@ -128,6 +131,7 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
         self._sink: SnapshotSink | None = None
         self._published: dict[str, DeviceSnapshot] = {}
         self._lock = asyncio.Lock()
+        self._settle = asyncio.Event()
         self.rescans = 0
 
     def _scan_sync(self) -> dict[str, Scan]:
@@ -169,6 +173,7 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
         tasks = [asyncio.create_task(self._rescan_periodically(), name="generic:rescan")]
         if monitor is not None:
             tasks.append(asyncio.create_task(self._watch_udev(monitor), name="generic:udev"))
+            tasks.append(asyncio.create_task(self._rescan_settled(), name="generic:settle"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
@@ -193,7 +198,17 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
             await self.rescan()
 
     async def _watch_udev(self, monitor: UdevMonitor) -> None:
-        async for _events in UdevWatch(monitor).batches():
+        async for events in UdevWatch(monitor).batches():
+            await self.rescan()
+            if any(e.action in ("remove", "unbind") for e in events):
+                self._settle.set()
+
+    async def _rescan_settled(self) -> None:
+        """Once more a moment after a removal: what the first rescan may still have seen is gone by then."""
+        while True:
+            await self._settle.wait()
+            await asyncio.sleep(SETTLE)
+            self._settle.clear()
             await self.rescan()
 
     # -- prepare ---------------------------------------------------------------------------------
@@ -241,3 +256,15 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
     def configure(self, resource: str, device: Device, config: GenericClaimConfig) -> Configured:
         self._state(resource)
         return configure(device, config)
+
+    # -- node labels (ModelLabels) ----------------------------------------------------------------
+
+    def model_labels(self, resource: str, snapshot: DeviceSnapshot) -> Mapping[str, str | int]:
+        """The USB vendor and product IDs, when every device of the resource has the same (never a
+        serial or a port: they name one device, not the model)."""
+        values = [dict(d.attributes) for d in snapshot.devices]
+        return {
+            key: value
+            for key in ("vendor", "product")
+            if values and isinstance(value := values[0].get(key), str) and all(v.get(key) == value for v in values)
+        }

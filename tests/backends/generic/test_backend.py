@@ -165,3 +165,38 @@ async def test_count_is_slots_for_the_device_plugin_and_capacity_for_dra(world: 
         dev.remove("/dev/fuse")
         snap = await sink.until("example.com/fuse", lambda s: not s.devices[0].healthy)
         assert snap.devices[0].cause.evict  # the configuration asks for NoExecute
+
+
+async def test_a_claim_configuration_places_the_nodes_and_sets_their_mode(world: World, usb: UsbTree) -> None:
+    from cdiplug.errors import InvalidRequest
+    from cdiplug_backends.generic.claim_config import GenericClaimConfig
+
+    plug_serial(usb)
+    backend = make_backend(world, [SERIAL], api="dra")
+    async with running(backend) as sink:
+        (device,) = sink.latest["example.com/serial"].devices
+        config = GenericClaimConfig(
+            container_paths={"/dev/ttyUSB0": "/dev/modem"}, permissions="rw", file_mode=0o660, uid=1000, gid=20
+        )
+        shaped = backend.configure("example.com/serial", device, config).device
+        modem = {n.path: n for n in shaped.edits.device_nodes}["/dev/modem"]
+        assert (modem.host_path, modem.permissions, modem.file_mode, modem.uid, modem.gid) == (
+            str(world.dev_root / "dev/ttyUSB0"),
+            "rw",
+            0o660,
+            1000,
+            20,
+        )
+        with pytest.raises(InvalidRequest, match="has no node /dev/ttyACM0"):
+            backend.configure("example.com/serial", device, GenericClaimConfig(container_paths={"/dev/ttyACM0": "/dev/x"}))
+
+
+async def test_node_labels_name_the_model_never_a_serial_or_a_port(world: World, usb: UsbTree) -> None:
+    plug_serial(usb)
+    plug_serial(usb, port="1-2", serial="FTSN0002", devnum=3, tty=1)
+    backend = make_backend(world, [SERIAL])
+    async with running(backend) as sink:
+        assert backend.model_labels("example.com/serial", sink.latest["example.com/serial"]) == {
+            "vendor": "0403",
+            "product": "6001",
+        }
