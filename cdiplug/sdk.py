@@ -48,6 +48,7 @@ from cdiplug.errors import (
     DeviceInUse,
     InputError,
     InvalidRequest,
+    NoSuchDevice,
     PreparationError,
 )
 from cdiplug.models.devices import (
@@ -125,6 +126,7 @@ __all__ = [
     "DeviceInUse",
     "InputError",
     "InvalidRequest",
+    "NoSuchDevice",
     "PreparationError",
     # toolkit
     "CONFIG_LIMIT",

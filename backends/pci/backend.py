@@ -43,6 +43,7 @@ from cdiplug.sdk import (
     DeviceSnapshot,
     InvalidRequest,
     ModelLabels,
+    NoSuchDevice,
     PreparationError,
     Preparer,
     ReleasePoller,
@@ -416,7 +417,7 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         """The group key of ``address`` and the endpoint functions preparing it binds."""
         fn = state.topology.functions.get(address)
         if fn is None:
-            raise PreparationError(address, f"no such PCI function under {self.world.sysfs_root}/bus/pci/devices")
+            raise NoSuchDevice(address, f"no PCI function has this address under {self.world.sysfs_root}/bus/pci/devices")
         if fn.iommu_group is None:
             if not self.sysfs.noiommu_enabled():
                 raise PreparationError(address, "it has no IOMMU group (turn the IOMMU on, or vfio's enable_unsafe_noiommu_mode)")
@@ -450,7 +451,7 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         state = await self.rescan()
         fn = state.topology.functions.get(address)
         if fn is None:
-            raise PreparationError(address, f"no such PCI function under {self.world.sysfs_root}/bus/pci/devices")
+            raise NoSuchDevice(address, f"no PCI function has this address under {self.world.sysfs_root}/bus/pci/devices")
         members = state.topology.group_members(fn.iommu_group)
         node = group_node(fn.iommu_group, state.topology) if fn.iommu_group is not None else None
         pending = await asyncio.to_thread(self.journal.pending, fn.iommu_group) if fn.iommu_group else []

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from cdiplug.backend import Abilities
-from cdiplug.cli import add_config_option, add_world_options, world_from_args
+from cdiplug.cli import BACKEND_WORLD, add_config_option, add_log_level, add_world_options, describe, world_from_args
 from cdiplug.errors import BackendError
 from cdiplug.models.devices import Device, DeviceSnapshot
 
@@ -33,14 +33,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "discover",
         help="show what every resource would advertise, and why devices are skipped",
-        description=__doc__.split("\n\n")[1],
+        description=describe(__doc__, 1),
     )
     add_config_option(parser)
     parser.add_argument(
         "--configuration", metavar="NAME", help="the named configuration to show (as the node label cdiplug.dev/config chooses)"
     )
-    add_world_options(parser)
+    add_world_options(parser, BACKEND_WORLD)
     parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
+    add_log_level(parser)
     parser.set_defaults(func=run)
 
 
