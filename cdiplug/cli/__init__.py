@@ -102,13 +102,24 @@ WORLD_OPTIONS = {
     "pod_resources_socket": "kubelet pod-resources socket",
 }
 # What running the backends once needs (discover, cdi generate, vfio): no kubelet, no CDI folder.
-BACKEND_WORLD = ("state_dir", "sysfs_root", "dev_root")
+BACKEND_WORLD = ("state_dir", "sysfs_root", "dev_root", "instance")
 
 
-def add_world_options(parser: argparse.ArgumentParser, fields: Sequence[str] = tuple(WORLD_OPTIONS)) -> None:
-    """The folders of the command-line contract (``docs/architecture.md``) that a command uses."""
+def add_world_options(parser: argparse.ArgumentParser, fields: Sequence[str] = (*WORLD_OPTIONS, "instance")) -> None:
+    """The folders of the command-line contract (``docs/architecture.md``) that a command uses,
+    and ``--instance`` when ``fields`` names it."""
     for name in fields:
-        add_path_option(parser, "--" + name.replace("_", "-"), world_default(name), help=WORLD_OPTIONS[name])
+        if name == "instance":
+            add_option(
+                parser,
+                "--instance",
+                "",
+                help="this deployment's name on the node (a DNS label, e.g. the Helm release): the CDI specs, state and "
+                "locks it keeps in shared folders are named by it, so deployments never touch each other's files; "
+                "empty: the default instance, whose files keep their plain names",
+            )
+        else:
+            add_path_option(parser, "--" + name.replace("_", "-"), world_default(name), help=WORLD_OPTIONS[name])
 
 
 def add_log_level(parser: argparse.ArgumentParser, default: str = "warning") -> None:
@@ -163,7 +174,7 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
 def world_from_args(args: argparse.Namespace) -> World:
     """The world of the command line; ConfigError for a bad ``--pod-uid``."""
     from cdiplug.errors import ConfigError
-    from cdiplug.models.world import World, default_node_name, pod_uid_problem
+    from cdiplug.models.world import World, default_node_name, instance_problem, pod_uid_problem
 
     dra: dict[str, object] = {}
     if hasattr(args, "plugins_dir"):  # commands with add_dra_options
@@ -179,8 +190,11 @@ def world_from_args(args: argparse.Namespace) -> World:
             if (problem := pod_uid_problem(pod_uid)) is not None:
                 raise ConfigError(f"--pod-uid (or $CDIPLUG_POD_UID): {problem}")
             dra["pod_uid"] = pod_uid
+    instance = getattr(args, "instance", None) or ""
+    if (problem := instance_problem(instance)) is not None:
+        raise ConfigError(f"--instance (or $CDIPLUG_INSTANCE): {problem}")
     folders = {name: Path(getattr(args, name)) for name in WORLD_OPTIONS if getattr(args, name, None) is not None}
-    return World(**folders, **dra)  # type: ignore[arg-type]
+    return World(**folders, instance=instance, **dra)  # type: ignore[arg-type]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
