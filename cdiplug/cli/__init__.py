@@ -177,10 +177,10 @@ def world_from_args(args: argparse.Namespace) -> World:
     from cdiplug.models.world import World, default_node_name, instance_problem, pod_uid_problem
 
     dra: dict[str, object] = {}
-    if hasattr(args, "plugins_dir"):  # commands with add_dra_options
+    if hasattr(args, "plugins_dir"):  # commands with add_dra_options (or its folders)
         kubeconfig = getattr(args, "kubeconfig", None)
         dra = {
-            "node_name": args.node_name or default_node_name(),
+            "node_name": getattr(args, "node_name", None) or default_node_name(),
             "kubeconfig": Path(kubeconfig) if kubeconfig else None,
             "plugins_registry_dir": Path(args.plugins_registry_dir),
             "plugins_dir": Path(args.plugins_dir),

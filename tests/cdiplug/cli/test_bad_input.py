@@ -201,3 +201,38 @@ def test_a_tab_in_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert code == 2
     assert "at line 2, column 1: a tab: tabs are not allowed in YAML indentation, indent with spaces" in err
     assert str(config) in err
+
+
+def test_discover_warns_about_options_the_node_contradicts(
+    capsys: pytest.CaptureFixture[str], world: World, tmp_path: Path
+) -> None:
+    tree = SysfsTree(world.sysfs_root, world.dev_root)
+    tree.add_function("0000:3b:00.0", driver="i40e", iommu_group=5)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "resources:\n"
+        f"  - {{name: example.com/fpga, backend: fake, options: {{health_file: {tmp_path}/health.yaml}}}}\n"
+        "  - name: example.com/nic\n"
+        "    backend: pci\n"
+        "    options:\n"
+        "      selectors: [{vendor: '0x8086'}, {addresses: ['3b:00.0']}, {vendor: '0x15b3'}]\n"
+    )
+    argv = ["--sysfs-root", str(world.sysfs_root), "--dev-root", str(world.dev_root), "--state-dir", str(world.state_dir)]
+    code, out, err = run(capsys, "discover", "--config", str(config), *argv)
+    assert code == 0, err
+    assert "example.com/nic: 1 devices" in out
+    lines = err.splitlines()
+    assert (
+        f"cdiplug discover: warning: health file: example.com/fpga: options.health_file: {tmp_path}/health.yaml does not exist: "
+        "every device is Healthy until it is made" in "\n".join(lines)
+    )
+    assert any(
+        line.startswith(
+            "cdiplug discover: warning: PCI address: example.com/nic: options.selectors[1].addresses[0]: "
+            "'3b:00.0' has no PCI domain, so it matches no function (sysfs names them 0000:3b:00.0)"
+        )
+        for line in lines
+    ), lines
+    selectors = [line for line in lines if "warning: selector: example.com/nic" in line]
+    assert [line.split(": ")[4] for line in selectors] == ["options.selectors[1]", "options.selectors[2]"], selectors
+    assert "matches none of the 1 PCI functions of this node" in selectors[0]
