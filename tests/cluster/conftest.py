@@ -11,7 +11,8 @@ it deletes what the session made. ``pods`` makes test pods in their own namespac
 (waiting until the kubelet has stopped them, so the next test finds every device free).
 
 Needs root, the node kit (``../shared/k8s``), etcd-server, containernetworking-plugins, podman,
-runc, debootstrap, busybox-static and kubectl; a missing one fails with a message, never a skip.
+runc, debootstrap and busybox-static; a missing one fails with a message, never a skip. kubectl
+and helm are the ones ``hack/get-tools.sh`` installs (put first on PATH for the whole session).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ..deploy.chart import tools
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "local-cluster.sh"
@@ -295,13 +298,13 @@ def pod_manifest(name: str, limits: Mapping[str, int], *, command: str = "sleep 
 def kube() -> Iterator[Kube]:
     if os.geteuid() != 0:
         pytest.fail("the cluster tests run a kubelet and containerd: run them as root", pytrace=False)
+    os.environ["PATH"] = f"{tools()}:{os.environ.get('PATH', '')}"
     missing = [
         tool for tool in ("kubectl", "podman", "runc", "etcd", "debootstrap", "openssl", "curl") if shutil.which(tool) is None
     ]
     if missing:
         pytest.fail(
-            f"missing {', '.join(missing)}: apt-get install podman runc etcd-server debootstrap containernetworking-plugins busybox-static curl "
-            "(kubectl: a release binary)",
+            f"missing {', '.join(missing)}: apt-get install podman runc etcd-server debootstrap containernetworking-plugins busybox-static curl",
             pytrace=False,
         )
     # Left as found: brought down at the end only if this session brought it up (CI brings it up
@@ -371,6 +374,7 @@ def multinode() -> Iterator[tuple[Kube, list[dict[str, Any]]]]:
     at the end only if this session brought it up (and not with ``CDIPLUG_CLUSTER_KEEP=1``)."""
     if os.geteuid() != 0:
         pytest.fail("the cluster tests run kubelets and runtimes: run them as root", pytrace=False)
+    os.environ["PATH"] = f"{tools()}:{os.environ.get('PATH', '')}"
     missing = [
         tool for tool in ("kubectl", "podman", "runc", "etcd", "conmon", "jq", "unshare", "nsenter") if shutil.which(tool) is None
     ]
