@@ -347,3 +347,21 @@ def test_schema_refuses_bad_values_naming_the_value(what: str, values: dict[str,
     result = helm("install", "--dry-run=client", "cdiplug", str(CHART), "-f", str(path))
     assert result.returncode != 0, f"{what}: helm install accepted {values}"
     assert named in result.stderr, f"{what}: the error does not name {named!r}:\n{result.stderr}"
+
+
+@pytest.mark.parametrize(
+    ("release", "values", "instance"),
+    [
+        ("cdiplug", {}, "cdiplug"),
+        ("gpu.nodes", {}, "gpu-nodes"),
+        ("x", {"instance": "lab"}, "lab"),
+        ("x", {"instance": ""}, None),
+    ],
+)
+def test_instance_name_is_the_release_name_unless_given(
+    release: str, values: dict[str, Any], instance: str | None, tmp_path: Path
+) -> None:
+    d = daemon_of(template(values, release=release, tmp=tmp_path), release)
+    assert d.flags.get("instance") == instance
+    parsed = build_parser().parse_args(d.container["args"])
+    assert (parsed.instance or None) == instance

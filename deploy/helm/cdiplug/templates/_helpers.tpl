@@ -31,9 +31,10 @@
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "cdiplug.serviceAccountName" . }}
 {{- end }}
 
-{{/* The instance name (values.yaml: instance): null gives the release name. */}}
+{{/* The instance name (values.yaml: instance): null gives the release name (a DNS label: a dot
+of a release name becomes a dash), "" the default instance. */}}
 {{- define "cdiplug.instance" -}}
-{{- if kindIs "string" .Values.instance }}{{ .Values.instance }}{{ else }}{{ .Release.Name }}{{ end }}
+{{- if kindIs "string" .Values.instance }}{{ .Values.instance }}{{ else }}{{ .Release.Name | replace "." "-" | trunc 63 | trimSuffix "-" }}{{ end }}
 {{- end }}
 
 {{- define "cdiplug.selectorLabels" -}}
