@@ -135,9 +135,11 @@ names no resources (the daemon's own default without --config). */}}
 {{- $pci := has "pci" $d.backends }}
 {{- $hostNetwork := $pci }}
 {{- if not (kindIs "invalid" .Values.hostNetwork) }}{{ $hostNetwork = .Values.hostNetwork }}{{ end }}
-{{- $surge := and (gt (len $d.dra) 0) (not $d.devicePlugin) }}
+{{- /* Surge only with DRA resources alone, and off the host network: two pods of a surge on
+the node's network would both need the metrics port (and a declared port is a host port there,
+so the scheduler would never place the new pod). */}}
+{{- $surge := and (gt (len $d.dra) 0) (not $d.devicePlugin) (not $hostNetwork) }}
 {{- $port := int .Values.metrics.port }}
-{{- if and $hostNetwork $surge }}{{ $port = add $port (mod (add1 (int .Release.Revision)) 2) }}{{ end }}
 {{- $token := or (gt (len $d.dra) 0) $d.named $d.nodeLabels }}
 {{- dict "hostNetwork" $hostNetwork "hostPID" $pci "privileged" $pci "surge" $surge "metricsPort" $port "token" $token | toJson }}
 {{- end }}
