@@ -17,7 +17,8 @@ import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What
   :class:`DeviceNode`, :class:`Mount`, :class:`Health`, attributes), the configuration it is given
   (:class:`ResourceConfig`), the world passed in (:class:`World`) and the errors it raises;
 - toolkit helpers: bounded file reads, bounded YAML/JSON, atomic writes, state files
-  (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), a folder watch, a backoff, names.
+  (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), lock files with a
+  deadline (:mod:`~cdiplug.toolkit.filelock`), a folder watch, a backoff, names.
 
 Fakes for testing a backend ship with the backend they fake (``cdiplug_backends.nvidia.testing``,
 ``cdiplug_backends.pci.testing``); the core's stand-ins (kubelet, API server) are ``cdiplug.testing``.
@@ -72,7 +73,7 @@ from cdiplug.models.names import resource_class
 from cdiplug.models.replicas import underlying
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.toolkit import statefile
+from cdiplug.toolkit import filelock, statefile
 from cdiplug.toolkit.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
 from cdiplug.toolkit.backoff import Backoff
 from cdiplug.toolkit.brief import brief
@@ -135,6 +136,7 @@ __all__ = [
     "FolderWatch",
     "brief",
     "decode_text",
+    "filelock",
     "fsync_dir",
     "load_json",
     "load_yaml",
