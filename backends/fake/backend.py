@@ -25,13 +25,16 @@ from cdiplug.sdk import (
     CounterSet,
     Device,
     DeviceSnapshot,
+    Finding,
     FolderWatch,
     Health,
     HealthCause,
     InputError,
+    NodeChecker,
     ResourceConfig,
     SizedOptions,
     SnapshotSink,
+    Verdict,
     World,
     brief,
     load_json,
@@ -148,7 +151,7 @@ def _cause(text: str, where: str, source: str) -> HealthCause | None:
         raise InputError(str(exc), where, source) from None
 
 
-class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig]):
+class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
     """Serves every resource configured with ``backend: fake``; DRA claims may configure it (``FakeConfig``)."""
 
     def __init__(self, resources: Sequence[ResourceConfig[FakeOptions]], world: World) -> None:
@@ -235,6 +238,24 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig]):
         if changed is None:
             changed = self._changed[key] = attrs.evolve(device, health=health[0], health_cause=health[1])
         return changed
+
+    async def node_checks(self) -> Sequence[Finding]:
+        """A ``health_file`` that is not there (every device Healthy until it is made)."""
+        findings = []
+        for r in self.resources:
+            path = r.options.health_file
+            if path is not None and not await asyncio.to_thread(path.is_file):
+                findings.append(
+                    Finding(
+                        "health file",
+                        Verdict.WARNING,
+                        f"{path} does not exist: every device is Healthy until it is made",
+                        "create it (a map of device ID to Healthy or Unhealthy), or fix the path",
+                        resource=r.name,
+                        field="options.health_file",
+                    )
+                )
+        return findings
 
     async def run(self, sink: SnapshotSink) -> None:
         watched = [(r, r.options.health_file) for r in self.resources if r.options.health_file is not None]
