@@ -75,14 +75,16 @@ def usb_id(device: UsbDevice) -> str:
     return clean_id(f"usb-{device.vendor}-{device.product}-port-{device.port}")
 
 
-def node_entry(info: NodeInfo, container: str, entry: PathEntry | None, dev: DevRoot) -> DeviceNode | Mount:
-    """A matched path as the container gets it: a device node (its real host node; type, major,
-    minor) or, for ``type: mount``, a bind mount."""
+def node_entry(info: NodeInfo, container: str, entry: PathEntry | None) -> DeviceNode | Mount:
+    """A matched path as the container gets it: a device node (its real node, symlinks resolved;
+    type, major, minor) or, for ``type: mount``, a bind mount. Host paths are node paths
+    (``/dev/ttyUSB0``), as the runtime on the node sees them, whatever ``--dev-root`` cdiplug reads
+    them under."""
     if entry is not None and entry.type is PathType.MOUNT:
-        return Mount(host_path=str(dev.host(info.real)), container_path=container, read_only=entry.read_only)
+        return Mount(host_path=info.real, container_path=container, read_only=entry.read_only)
     return DeviceNode(
         path=container,
-        host_path=str(dev.host(info.real)),
+        host_path=info.real,
         permissions=entry.permissions if entry is not None else "rwm",
         type=info.type,
         major=info.major,
@@ -140,7 +142,7 @@ def _paths_group(index: int, group: Group, dev: DevRoot, claimed: dict[str, str]
             )
             if not entry.optional:
                 missing.append(entry.path)
-        parts.extend(node_entry(info, _container_path(entry, m, len(infos)), entry, dev) for m, info in infos)
+        parts.extend(node_entry(info, _container_path(entry, m, len(infos)), entry) for m, info in infos)
     device_id = group_id(index, group, taken)
     if missing:
         out.skipped.append((device_id, f"{at}: {', '.join(missing)} matched nothing"))
@@ -181,7 +183,7 @@ def usb_attributes(device: UsbDevice, index: int) -> tuple[tuple[str, AttributeV
     return tuple(attributes)
 
 
-def _usb_group(index: int, group: Group, devices: Sequence[UsbDevice], dev: DevRoot, claimed: dict[str, str], out: _Out) -> None:
+def _usb_group(index: int, group: Group, devices: Sequence[UsbDevice], claimed: dict[str, str], out: _Out) -> None:
     at = f"groups[{index}]"
     for j, selector in enumerate(group.usb):
         where = f"{at}.usb[{j}] {selector.vendor}:{selector.product or '*'}" + (
@@ -214,7 +216,7 @@ def _usb_group(index: int, group: Group, devices: Sequence[UsbDevice], dev: DevR
             out.skipped.append((device_id, f"{at}: its nodes are claimed by {', '.join(taken)} too"))
             continue
         parts = [
-            node_entry(NodeInfo(n.path, n.path, "b" if n.cls == "block" else "c", n.major, n.minor), n.path, None, dev)
+            node_entry(NodeInfo(n.path, n.path, "b" if n.cls == "block" else "c", n.major, n.minor), n.path, None)
             for n in device.nodes
         ]
         out.found.append(Found(device_id, index, _edits(parts), usb_attributes(device, index)))
@@ -238,7 +240,7 @@ def scan(options: GenericOptions, dev: DevRoot, sysfs: Path, usb: Sequence[UsbDe
         if group.paths:
             _paths_group(index, group, dev, claimed, taken, out)
         else:
-            _usb_group(index, group, devices, dev, claimed, out)
+            _usb_group(index, group, devices, claimed, out)
     unique = []
     for found in out.found:
         if found.id in seen:

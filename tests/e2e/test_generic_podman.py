@@ -3,7 +3,7 @@ daemon (in-process), the kubelet stand-in's Allocate and podman reading the CDI 
 
 - ``/dev/fuse`` shared by ``count: 2`` containers (a third pod is Pending), ``/dev/net/tun`` and
   ``/dev/null``: each container gets the node, with type, major and minor in the spec, and opens it.
-- Nodes made with ``mknod`` in a test folder of the test's own (the world's dev root), one reached
+- Nodes made with ``mknod`` in a test folder of the test's own under ``/dev`` (removed afterwards), one reached
   through a symlink (the spec gives its real node with its numbers: the CDI library refuses a
   symlink host path without them): the container opens them; the node made again with a new minor
   (what a replug does) is in the next Allocate's spec, and the container opens that one.
@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -124,10 +125,23 @@ async def test_this_machines_nodes_open_in_podman(podman_env: dict[str, str], cd
         assert seen["NODE /dev/fuse"] == "a:e5"  # 10:229 in hex, as stat prints it
 
 
-async def test_mknod_nodes_and_a_replug_open_in_podman(podman_env: dict[str, str], cdi_files: list[Path], world: World) -> None:
-    dev = FakeDev(world.dev_root)
-    dev.node("/dev/e2e-made0", 1, 3)  # /dev/null's numbers: harmless to open
-    dev.link("/dev/serial/by-id/e2e-link", "/dev/e2e-made0")
+@pytest.fixture
+def dev_folder() -> Iterator[str]:
+    """A folder of this test's own under /dev (paths are served only there), removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="cdiplug-e2e-", dir="/dev")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_mknod_nodes_and_a_replug_open_in_podman(
+    podman_env: dict[str, str], cdi_files: list[Path], world: World, dev_folder: str
+) -> None:
+    dev = FakeDev(Path("/"))
+    made = f"{dev_folder}/made0"
+    dev.node(made, 1, 3)  # /dev/null's numbers: harmless to open
+    dev.link(f"{dev_folder}/by-id/e2e-link", made)
     config = parse_config(
         {
             "resources": [
@@ -135,7 +149,7 @@ async def test_mknod_nodes_and_a_replug_open_in_podman(podman_env: dict[str, str
                     "name": MADE,
                     "backend": "generic",
                     "options": {
-                        "groups": [{"paths": [{"path": "/dev/serial/by-id/e2e-*", "mount_path": "/dev/e2e-link"}]}],
+                        "groups": [{"paths": [{"path": f"{dev_folder}/by-id/e2e-*", "mount_path": "/dev/e2e-link"}]}],
                         "rescan_interval": 0.2,  # this folder sends no udev events: the rescan sees the replug
                     },
                 }
@@ -143,19 +157,19 @@ async def test_mknod_nodes_and_a_replug_open_in_podman(podman_env: dict[str, str
         },
         "test_generic_podman",
     )
-    async with node(config, attrs.evolve(world, cdi_dir=CDI_DIR)) as kubelet:
+    device = Path(dev_folder).name  # the group's ID comes from its first path: /dev/<folder>/by-id/e2e-*
+    device = f"{device}-by-id-e2e"
+    async with node(config, attrs.evolve(world, dev_root=Path("/"), cdi_dir=CDI_DIR)) as kubelet:
         await kubelet.wait_until(lambda: kubelet.allocatable(MADE) == 1, timeout=10, what="the made node")
-        (answer,) = await kubelet.allocate(MADE, ["serial-by-id-e2e"])
-        found = spec_node(cdi_files[3], "serial-by-id-e2e", "/dev/e2e-link")
-        assert (found["hostPath"], found["type"], found["major"], found["minor"]) == (str(dev.host("/dev/e2e-made0")), "c", 1, 3)
+        (answer,) = await kubelet.allocate(MADE, [device])
+        found = spec_node(cdi_files[3], device, "/dev/e2e-link")
+        # The link's real node with its numbers: the CDI library refuses a symlink host path without them.
+        assert (found["hostPath"], found["type"], found["major"], found["minor"]) == (made, "c", 1, 3)
         assert (await podman_open(podman_env, list(answer.cdi_devices), ["/dev/e2e-link"]))["OPEN /dev/e2e-link"] == "ok"
-        dev.node("/dev/e2e-made0", 1, 5)  # made again with a new minor (/dev/zero's), as a replug does
+        dev.node(made, 1, 5)  # made again with a new minor (/dev/zero's), as a replug does
         await kubelet.wait_until(
-            lambda: spec_node(cdi_files[3], "serial-by-id-e2e", "/dev/e2e-link")["minor"] == 5,
-            timeout=10,
-            what="the new minor in the spec",
+            lambda: spec_node(cdi_files[3], device, "/dev/e2e-link")["minor"] == 5, timeout=10, what="the new minor in the spec"
         )
-        (answer,) = await kubelet.allocate(MADE, ["serial-by-id-e2e"])
+        (answer,) = await kubelet.allocate(MADE, [device])
         seen = await podman_open(podman_env, list(answer.cdi_devices), ["/dev/e2e-link"])
         assert seen == {"NODE /dev/e2e-link": "1:5", "OPEN /dev/e2e-link": "ok"}
-    assert os.path.exists(dev.host("/dev/e2e-made0"))
