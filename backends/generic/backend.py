@@ -90,6 +90,17 @@ class ResourceState:
         self.present = {f.id for f in result.found}
         self.known.update((f.id, f) for f in result.found)
 
+    def mark_gone(self, ports: set[str], nodes: set[str]) -> bool:
+        """Take the devices a removal names (a USB port, a device node) out at once, before a rescan."""
+        gone = set()
+        for device_id in self.present:
+            found = self.known[device_id]
+            port = dict(found.attributes).get("port")
+            if port in ports or any((n.host_path or n.path) in nodes for n in found.edits.device_nodes):
+                gone.add(device_id)
+        self.present -= gone
+        return bool(gone)
+
     def devices(self) -> list[Device]:
         out: list[Device] = []
         for device_id, found in sorted(self.known.items()):
@@ -198,10 +209,19 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
             await self.rescan()
 
     async def _watch_udev(self, monitor: UdevMonitor) -> None:
+        """Rescan on each batch of events. A removal is taken at its word at once: the kernel
+        sends it before the device's sysfs folder is gone, so the rescan that confirms it waits a
+        moment (``SETTLE``) rather than seeing the device still there."""
         async for events in UdevWatch(monitor).batches():
-            await self.rescan()
-            if any(e.action in ("remove", "unbind") for e in events):
+            removed = [e for e in events if e.action in ("remove", "unbind")]
+            if removed:
+                ports = {e.sys_name for e in removed if e.subsystem == "usb"}
+                nodes = {e.device_node for e in removed if e.device_node}
+                if any([state.mark_gone(ports, nodes) for state in self.states.values()]):
+                    self._publish()
                 self._settle.set()
+            else:
+                await self.rescan()
 
     async def _rescan_settled(self) -> None:
         """Once more a moment after a removal: what the first rescan may still have seen is gone by then."""

@@ -55,13 +55,13 @@ def has_glob(path: str) -> bool:
 class PathEntry:
     """One path (or glob) of a group; ``limit``: at most that many of its matches (0: all)."""
 
-    path: str
-    mount_path: str | None = None
-    type: PathType = PathType.DEVICE
-    permissions: str = "rwm"
-    read_only: bool = False
-    optional: bool = False
-    limit: int = 0
+    path: str  # a node under /dev, globs allowed (/dev/ttyS*); a symlink gives its real node
+    mount_path: str | None = None  # the path in the container (default: the same); a folder for a glob's matches
+    type: PathType = PathType.DEVICE  # device: a device node entry; mount: a bind mount of a file or folder
+    permissions: str = "rwm"  # cgroup access to the node: some of r, w, m
+    read_only: bool = False  # type: mount only: the bind mount is read-only
+    optional: bool = False  # matching nothing does not keep the group from being a device
+    limit: int = 0  # at most this many of the path's matches (0: all)
 
     def problems(self, at: str) -> Iterator[tuple[str, str]]:
         yield from _path_problems(f"{at}.path", self.path, under_dev=True)
@@ -94,9 +94,9 @@ class UsbSelector:
     """USB devices by identity: ``vendor`` and ``product`` are 4 hex digits (or globs); ``serial``
     a string or glob (absent: any)."""
 
-    vendor: str
-    product: str | None = None
-    serial: str | None = None
+    vendor: str  # 4 hex digits, quoted ("0403"); globs allowed
+    product: str | None = None  # 4 hex digits, quoted; globs allowed; absent: any
+    serial: str | None = None  # the device's serial number or a glob; absent: any
 
     def problems(self, at: str) -> Iterator[tuple[str, str]]:
         for name, value in (("vendor", self.vendor), ("product", self.product)):
@@ -120,9 +120,9 @@ class UsbSelector:
 class Group:
     """One group: ``paths`` (one device) or ``usb`` (one device per matching USB device)."""
 
-    paths: tuple[PathEntry, ...] = ()
-    usb: tuple[UsbSelector, ...] = ()
-    count: int = 1
+    paths: tuple[PathEntry, ...] = ()  # one device: every node these paths match, together
+    usb: tuple[UsbSelector, ...] = ()  # one device per USB device any selector matches, with its class nodes
+    count: int = 1  # how many containers may share a device at once (DRA: the capacity "slots")
 
     def problems(self, at: str) -> Iterator[tuple[str, str]]:
         if bool(self.paths) == bool(self.usb):
@@ -141,9 +141,9 @@ class Group:
 class GenericOptions(CheckedOptions, SizedOptions):
     """Options of one resource served by the generic backend (see the module docstring)."""
 
-    groups: tuple[Group, ...] = ()
-    rescan_interval: float = 30.0
-    evict_unplugged: bool = False
+    groups: tuple[Group, ...] = ()  # each group has either paths or usb
+    rescan_interval: float = 30.0  # seconds between rescans, the safety net beside udev events
+    evict_unplugged: bool = False  # DRA: an unplugged device's taint is NoExecute rather than NoSchedule
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not self.groups:

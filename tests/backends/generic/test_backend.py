@@ -5,6 +5,8 @@ at the next prepare), count as slots or as DRA capacity, and what discover expla
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cdiplug.errors import PreparationError
@@ -200,3 +202,25 @@ async def test_node_labels_name_the_model_never_a_serial_or_a_port(world: World,
             "vendor": "0403",
             "product": "6001",
         }
+
+
+async def test_a_removal_is_taken_at_its_word_before_sysfs_catches_up(
+    world: World, usb: UsbTree, monitor: FakeUdevMonitor
+) -> None:
+    # The kernel sends a device's remove event before its sysfs folder is gone: the device is
+    # Unhealthy at once, and the rescan a moment later (the folder gone by then) keeps it so.
+    from cdiplug_backends.generic import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "SETTLE", 1.0)  # time enough to unplug before the confirming rescan
+    plug_serial(usb)
+    backend = make_backend(world, [SERIAL], udev_monitor=monitor)
+    device_id = "usb-0403-6001-FTSN0001"
+    async with running(backend) as sink:
+        monitor.emit("remove", "/dev/ttyUSB0", "tty", device_node="/dev/ttyUSB0")
+        await sink.until("example.com/serial", lambda s: not s.get(device_id).healthy)
+        usb.unplug("1-1")
+        before = backend.rescans
+        async with asyncio.timeout(5):  # polled with a bound: a rescan that changes nothing publishes nothing
+            while backend.rescans == before:
+                await asyncio.sleep(0.02)
+        assert not sink.latest["example.com/serial"].get(device_id).healthy
