@@ -205,7 +205,7 @@ async def test_node_labels_name_the_model_never_a_serial_or_a_port(world: World,
 
 
 async def test_a_removal_is_taken_at_its_word_before_sysfs_catches_up(
-    world: World, usb: UsbTree, monitor: FakeUdevMonitor
+    world: World, usb: UsbTree, monitor: FakeUdevMonitor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The kernel sends a device's remove event before its sysfs folder is gone: the device is
     # Unhealthy at once, and the rescan a moment later (the folder gone by then) keeps it so.
