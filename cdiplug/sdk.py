@@ -42,6 +42,7 @@ from cdiplug.backend import (
     SizedOptions,
     SnapshotSink,
     Unpreparer,
+    run_tasks,
 )
 from cdiplug.config import converter, register_enum
 from cdiplug.errors import (
@@ -91,6 +92,7 @@ __all__ = [
     "Backend",
     "BackendPlugin",
     "SnapshotSink",
+    "run_tasks",
     # optional abilities (a backend class subclasses those it has)
     "ClaimConfigurable",
     "Configured",

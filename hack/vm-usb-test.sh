@@ -29,11 +29,7 @@ VM_SET=usb
 source "$ROOT/hack/lib/vm.sh"
 
 MODULES=(
-  kernel/drivers/virtio/virtio_ring kernel/drivers/virtio/virtio
-  kernel/drivers/virtio/virtio_pci_modern_dev kernel/drivers/virtio/virtio_pci_legacy_dev
-  kernel/drivers/virtio/virtio_pci
-  kernel/net/9p/9pnet kernel/net/9p/9pnet_virtio kernel/fs/netfs/netfs kernel/fs/fscache/fscache
-  kernel/fs/9p/9p
+  "${VM_BASE_MODULES[@]}"
   kernel/drivers/usb/common/usb-common kernel/drivers/usb/core/usbcore
   kernel/drivers/usb/host/xhci-hcd kernel/drivers/usb/host/xhci-pci
   kernel/drivers/hid/hid kernel/drivers/hid/usbhid/usbhid kernel/drivers/hid/hid-generic kernel/drivers/input/evdev

@@ -36,11 +36,7 @@ source "$ROOT/hack/lib/vm.sh"
 # ------------------------------------------------------------------------------------------------
 
 MODULES=(
-  kernel/drivers/virtio/virtio_ring kernel/drivers/virtio/virtio
-  kernel/drivers/virtio/virtio_pci_modern_dev kernel/drivers/virtio/virtio_pci_legacy_dev
-  kernel/drivers/virtio/virtio_pci
-  kernel/net/9p/9pnet kernel/net/9p/9pnet_virtio kernel/fs/netfs/netfs kernel/fs/fscache/fscache
-  kernel/fs/9p/9p
+  "${VM_BASE_MODULES[@]}"
   kernel/drivers/net/ethernet/intel/e1000e/e1000e
   kernel/virt/lib/irqbypass kernel/drivers/vfio/vfio kernel/drivers/vfio/vfio_iommu_type1
   kernel/drivers/vfio/vfio_virqfd kernel/drivers/vfio/pci/vfio-pci-core kernel/drivers/vfio/pci/vfio-pci

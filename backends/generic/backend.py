@@ -48,6 +48,7 @@ from cdiplug.sdk import (
     World,
     close_monitor,
     open_monitor,
+    run_tasks,
 )
 
 from .claim_config import KIND, GenericClaimConfig, configure
@@ -181,24 +182,13 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
         self._published.clear()
         await self.rescan()
         monitor = self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root)
-        tasks = [asyncio.create_task(self._rescan_periodically(), name="generic:rescan")]
+        tasks = {"generic:rescan": self._rescan_periodically()}
         if monitor is not None:
-            tasks.append(asyncio.create_task(self._watch_udev(monitor), name="generic:udev"))
-            tasks.append(asyncio.create_task(self._rescan_settled(), name="generic:settle"))
+            tasks["generic:udev"] = self._watch_udev(monitor)
+            tasks["generic:settle"] = self._rescan_settled()
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                failure = task.exception()
-                if isinstance(failure, BackendError):
-                    raise failure
-                if failure is not None:
-                    raise BackendError(
-                        f"generic backend task {task.get_name()} failed: {type(failure).__name__}: {failure}"
-                    ) from failure
+            await run_tasks("generic backend", tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             if monitor is not None and monitor is not self.udev_monitor:
                 close_monitor(monitor)
 

@@ -57,6 +57,7 @@ from cdiplug.sdk import (
     World,
     close_monitor,
     open_monitor,
+    run_tasks,
 )
 
 from . import checks
@@ -202,25 +203,14 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         self._published.clear()
         await self.rescan()
         monitor = self._open_monitor()
-        tasks = [asyncio.create_task(self._rescan_periodically(), name="pci:rescan")]
+        tasks = {"pci:rescan": self._rescan_periodically()}
         if monitor is not None:
-            tasks.append(asyncio.create_task(self._watch_udev(monitor), name="pci:udev"))
+            tasks["pci:udev"] = self._watch_udev(monitor)
         if self.links is not None:
-            tasks.append(asyncio.create_task(self._watch_links(self.links), name="pci:links"))
+            tasks["pci:links"] = self._watch_links(self.links)
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                failure = task.exception()
-                if failure is not None:
-                    if isinstance(failure, BackendError):
-                        raise failure
-                    raise BackendError(
-                        f"PCI backend task {task.get_name()} failed: {type(failure).__name__}: {failure}"
-                    ) from failure
+            await run_tasks("PCI backend", tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             if monitor is not None and monitor is not self.udev_monitor:
                 close_monitor(monitor)
 

@@ -4,8 +4,18 @@
 # host's root over 9p and runs the test's guest half, and the PASS/FAIL summary of a run.
 #
 # The caller sets KVER (the kernel ABI), MODULES (paths under lib/modules/KVER without .ko, in
-# load order), VM_SET (a name for its module set and initramfs: tests may differ in modules) and
+# load order, starting with VM_BASE_MODULES), VM_SET (a name for its module set and initramfs: tests may differ in modules) and
 # VM_SCRIPT (its own path: the guest half runs it with --guest).
+
+# virtio and 9p: what every test's /init needs to mount the host's root (first in MODULES).
+# shellcheck disable=SC2034 # used by the scripts that source this file
+VM_BASE_MODULES=(
+  kernel/drivers/virtio/virtio_ring kernel/drivers/virtio/virtio
+  kernel/drivers/virtio/virtio_pci_modern_dev kernel/drivers/virtio/virtio_pci_legacy_dev
+  kernel/drivers/virtio/virtio_pci
+  kernel/net/9p/9pnet kernel/net/9p/9pnet_virtio kernel/fs/netfs/netfs kernel/fs/fscache/fscache
+  kernel/fs/9p/9p
+)
 
 download_kernel() { # VM KVER: apt-get download linux-image-KVER into VM; prints the .deb
   local vm=$1 kver=$2
