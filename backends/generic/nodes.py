@@ -58,13 +58,16 @@ class DevRoot:
         """The node behind ``path`` now; None when it is gone (or a dangling link)."""
         host = self.host(path)
         try:
-            st = os.stat(host)
-            real_host = os.path.realpath(host)
+            st = os.lstat(host)
+            if stat.S_ISLNK(st.st_mode):  # a link (by-id, by-path): its real node
+                st = os.stat(host)
+                real = self.node_path(os.path.realpath(host))
+            else:
+                real = path  # the node itself (folders under /dev are folders, not links)
         except OSError:
             return None
-        real = self.node_path(real_host)
         if PurePosixPath(real).parts[1:2] != ("dev",):
-            return None  # a link out of the dev root: not ours to hand out
+            return None  # a link out of /dev: not ours to hand out
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             kind = "c" if stat.S_ISCHR(st.st_mode) else "b"
             return NodeInfo(path, real, kind, os.major(st.st_rdev), os.minor(st.st_rdev))

@@ -76,12 +76,10 @@ def _dev(folder: Path) -> tuple[int, int] | None:
         return None
 
 
-def _is_usb_device(folder: Path) -> bool:
-    return (folder / "idVendor").exists() and (folder / "busnum").exists()
-
-
-def class_nodes(sysfs: Path) -> dict[str, list[UsbNode]]:
-    """Class nodes by the real sysfs folder of the USB device they belong to."""
+def class_nodes(sysfs: Path, usb_devices: set[str]) -> dict[str, list[UsbNode]]:
+    """Class nodes by the real sysfs folder of the USB device they belong to (one of ``usb_devices``,
+    real folders): each class device's real folder is followed up, by its path alone, to the first
+    of them."""
     found: dict[str, list[UsbNode]] = {}
     for cls in CLASSES:
         try:
@@ -90,17 +88,17 @@ def class_nodes(sysfs: Path) -> dict[str, list[UsbNode]]:
             continue
         for name in entries:
             link = sysfs / "class" / cls / name
+            real = os.path.realpath(link)
+            parent = os.path.dirname(real)
+            while parent not in usb_devices and len(parent) > 1:
+                parent = os.path.dirname(parent)
+            if parent not in usb_devices:
+                continue  # not on USB (most ttys, the node's own disks)
             number = _dev(link)
             if number is None:
                 continue
-            real = Path(os.path.realpath(link))
             devname = _uevent(link).get("DEVNAME", name)
-            for parent in real.parents:
-                if parent == sysfs or len(parent.parts) <= len(sysfs.parts):
-                    break
-                if _is_usb_device(parent):
-                    found.setdefault(str(parent), []).append(UsbNode(cls, devname, *number))
-                    break
+            found.setdefault(parent, []).append(UsbNode(cls, devname, *number))
     return found
 
 
@@ -111,10 +109,10 @@ def scan(sysfs: Path) -> Iterator[UsbDevice]:
         names = sorted(os.listdir(root))
     except OSError:
         return
-    nodes = class_nodes(sysfs)
+    names = [n for n in names if ":" not in n and not n.startswith("usb")]  # not interfaces, not root hubs
+    real = {name: os.path.realpath(root / name) for name in names}
+    nodes = class_nodes(sysfs, set(real.values()))
     for name in names:
-        if ":" in name or name.startswith("usb"):
-            continue  # an interface, or a root hub
         folder = root / name
         vendor, product = _read(folder, "idVendor"), _read(folder, "idProduct")
         busnum, devnum = _read(folder, "busnum"), _read(folder, "devnum")
@@ -133,5 +131,5 @@ def scan(sysfs: Path) -> Iterator[UsbDevice]:
             busnum=int(busnum),
             devnum=int(devnum),
             device_class=(_read(folder, "bDeviceClass") or "00").lower(),
-            nodes=(*own, *nodes.get(os.path.realpath(folder), [])),
+            nodes=(*own, *nodes.get(real[name], [])),
         )
