@@ -138,17 +138,17 @@ async def test_in_cluster_token_is_read_again_when_rotated(tls_api: ApiServerSta
 
 
 async def test_a_server_that_never_answers_is_cut_at_the_timeout(api: ApiServerStandIn, tmp_path: Path) -> None:
-    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")), timeout=0.3)
+    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")), timeout=1)
     api.stall = True
     started = time.monotonic()
     try:
-        with pytest.raises(KubernetesError, match="cannot read Node n1 on .*: no answer within 0.3 s") as info:
+        with pytest.raises(KubernetesError, match="cannot read Node n1 on .*: no answer within 1 s") as info:
             await client.get_node("n1")
     finally:
         await client.close()
     assert info.value.status is None  # no answer: the caller retries
     assert time.monotonic() - started < 5
-    assert api.received[-1].path == "/api/v1/nodes/n1"
+    assert api.received[-1].path == "/api/v1/nodes/n1"  # asked, and never answered (1 s: a loaded machine's connect)
 
 
 async def test_an_unreachable_server(tmp_path: Path) -> None:
