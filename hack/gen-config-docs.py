@@ -197,15 +197,20 @@ def comments(cls: type) -> dict[str, str]:
     return found
 
 
-_DOC_LINE = re.compile(r"^\s*-?\s*([a-z_]+):\s*([^#{}]*?)\s*(?:#\s*(.*))?$")
+_DOC_LINE = re.compile(r"^\s*-?\s*([a-z_]+):\s*([^#]*?)\s*(?:#\s*(.*))?$")
+
+
+_DOC_PROSE = re.compile(r"``([a-z_]+)`` \(([^()]+)\)")
 
 
 def documented(cls: type) -> dict[str, tuple[str, str]]:
-    """``key: value  # what it is`` lines of the YAML examples in the class's and its module's
-    docstrings: key -> (the value as written, the comment)."""
+    """What the class's and its module's docstrings say of a key: ``key: value  # what it is``
+    lines of their YAML examples, and prose of the form ``key`` (what it is): key -> (the value
+    as written, its description)."""
     module = sys.modules.get(cls.__module__)
     found: dict[str, tuple[str, str]] = {}
-    for doc in (inspect.getdoc(cls) or "", inspect.getdoc(module) or "" if module else ""):
+    docs = [inspect.getdoc(cls) or "", (inspect.getdoc(module) or "") if module else ""]
+    for doc in docs:
         in_block = False
         for line in doc.splitlines():
             if line.strip().startswith("```"):
@@ -213,6 +218,11 @@ def documented(cls: type) -> dict[str, tuple[str, str]]:
                 continue
             if in_block and (m := _DOC_LINE.match(line)) and m.group(1) not in found:
                 found[m.group(1)] = (m.group(2).strip(), (m.group(3) or "").strip())
+    for doc in docs:
+        for m in _DOC_PROSE.finditer(" ".join(doc.split())):
+            value, said = found.get(m.group(1), ("", ""))
+            if not said:
+                found[m.group(1)] = (value, m.group(2).replace("``", "`"))
     return found
 
 
@@ -256,7 +266,7 @@ def example(a: attrs.Attribute[Any], t: Any) -> Any:
     default = a.default.factory() if isinstance(a.default, attrs.Factory) else a.default  # type: ignore[arg-type]
     if (item := _list_item(t)) is not None:
         if default not in (attrs.NOTHING, None) and len(default):
-            return default
+            return sorted(_plain(default))[:1] if len(default) > 3 else default  # one of a long default
         return [example_value(item)]
     if (value := _mapping_value(t)) is not None:
         if default not in (attrs.NOTHING, None) and len(default):
@@ -302,6 +312,7 @@ def rows(walker: Walker, cls: type) -> Iterator[tuple[str, str, str, str, str]]:
 
 
 def _cell(text: str) -> str:
+    text = re.sub(r":[a-z]+:`~?\.?([^`]+)`", r"`\1`", text).replace("``", "`")
     return text.replace("|", "\\|").replace("\n", " ")
 
 

@@ -54,8 +54,9 @@ MAX_COUNT = 65536
 
 @frozen
 class FakeOptions(CheckedOptions, SizedOptions):
-    count: int = 2
-    numa_nodes: tuple[int, ...] = ()
+    count: int = 2  # how many devices (IDs <class>-0, <class>-1, ...)
+    numa_nodes: tuple[int, ...] = ()  # NUMA nodes the devices are spread over, round-robin; none: no topology
+    # a YAML/JSON map of device ID to Healthy or Unhealthy, re-read when it changes; missing IDs are Healthy
     health_file: Path | None = None
     # device ID -> attribute name -> str | int | bool (typed attributes that DRA publishes)
     attributes: dict[str, dict[str, Any]] = field(factory=dict)
@@ -64,7 +65,9 @@ class FakeOptions(CheckedOptions, SizedOptions):
     prepared_dir: Path | None = None
     # Sharing and partitions (DRA; :mod:`.shapes`).
     shared: bool = False
+    # capacity name -> a quantity ("memory: 80Gi"), or for a shared device its value and request policy
     capacity: dict[str, CapacityOption] = field(factory=dict)
+    # profiles each device is cut into, as how many equal parts: [1, 2, 4] is the whole, halves and quarters (DRA)
     partitions: tuple[int, ...] = ()
 
     def problems(self) -> Iterator[tuple[str, str]]:
