@@ -17,6 +17,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the bench scripts: tens of seconds (hack/test.sh --fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
