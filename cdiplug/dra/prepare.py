@@ -75,6 +75,7 @@ from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, Prepar
 from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, allocated
 from cdiplug.dra.handler import ClaimHandler
 from cdiplug.dra.rollback import Step, undo
+from cdiplug.dra.settings import driver_of, settings_of
 from cdiplug.dra.slices import names_to_ids
 from cdiplug.errors import DeviceUnavailable, InvalidRequest
 from cdiplug.host import BackendHost
@@ -122,7 +123,7 @@ class ClaimPreparer(ClaimHandler):
     ) -> None:
         self.resource = resource
         self.plugins_dir = plugins_dir  # device metadata (``device_metadata: true``) goes below it
-        self.driver = resource.dra_driver
+        self.driver = driver_of(resource)
         self.node = node
         self.host = host
         self.store = store
@@ -226,7 +227,7 @@ class ClaimPreparer(ClaimHandler):
         shapes = self._shape(claim, wanted)
         record = self._record(claim, wanted, shapes)
         # Before any side effect: refuses names no path may hold.
-        pod_claim = metadata.pod_claim_name(obj) if self.resource.device_metadata else None
+        pod_claim = metadata.pod_claim_name(obj) if settings_of(self.resource).device_metadata else None
         mounts = self._metadata_mounts(record, pod_claim)
         # PrepareStarted, before anything is touched. Not fsynced: it guards against the process
         # dying; what a power loss resets (VFIO bindings, the tmpfs CDI folder) needs no guard, and
@@ -347,13 +348,13 @@ class ClaimPreparer(ClaimHandler):
     # -- device metadata (KEP-5304), with device_metadata: true --
 
     def _metadata_mounts(self, record: PreparedClaim, pod_claim: str | None) -> dict[str, tuple[Mount, ...]] | None:
-        if not self.resource.device_metadata or self.plugins_dir is None:
+        if not settings_of(self.resource).device_metadata or self.plugins_dir is None:
             return None
         by_device = metadata.mounts(self.plugins_dir, record, pod_claim)
         return {_entry_name(d): by_device[d.device] for d in record.devices if d.device in by_device}  # shares: by entry
 
     async def _write_metadata(self, record: PreparedClaim, devices: list[tuple[str, Device]], pod_claim: str | None) -> None:
-        if self.resource.device_metadata and self.plugins_dir is not None:
+        if settings_of(self.resource).device_metadata and self.plugins_dir is not None:
             by_device = {d.device: device for d, (_, device) in zip(record.devices, devices)}
             await asyncio.to_thread(metadata.write, self.plugins_dir, record, by_device, pod_claim)
 
@@ -400,7 +401,7 @@ class ClaimPreparer(ClaimHandler):
         named = self._with_consumed(record, await self._prepare_shaped(claim, wanted, shapes))
         snapshot = claim_config.for_claim(snapshot, shapes)
         pod_claim = None
-        if self.resource.device_metadata and self.plugins_dir is not None:
+        if settings_of(self.resource).device_metadata and self.plugins_dir is not None:
             pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.plugins_dir, record)
         content = claimspec.render(self.driver, record.uid, snapshot, named, self._metadata_mounts(record, pod_claim))
         await self._write_metadata(record, named, pod_claim)
