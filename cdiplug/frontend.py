@@ -119,7 +119,7 @@ class FrontEndType(Protocol):
     # front end a resource goes to serves them Unhealthy with that cause); None: it takes part in
     # no handover.
     hold_cause: HealthCause | None
-    # Files in the state folder where an earlier run may leave work only this front end can
+    # Files in the instance's state folder where an earlier run may leave work only this front end can
     # finish: while one exists the node starts it even when no resource names it.
     state: tuple[str, ...]
 

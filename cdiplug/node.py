@@ -111,7 +111,7 @@ class Node:
             # A front end no resource names may still have work an earlier run left (DRA: claims
             # the kubelet must unprepare through their driver).
             for api in registered():
-                if api not in groups and any((self.world.state_dir / f).exists() for f in front_end_type(api).state):
+                if api not in groups and any((self.world.own_state_dir / f).exists() for f in front_end_type(api).state):
                     await self._start_front_end(api, [])
             self.host.start()
 

@@ -104,7 +104,7 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         self.world = world
         self.options: dict[str, PciOptions] = {r.name: r.options for r in self.resources}
         self.sysfs = PciSysfs(world.sysfs_root)
-        self.journal = Journal(world.state_dir)
+        self.journal = Journal(world.own_state_dir)
         self.binder = VfioBinder(self.sysfs, self.journal, world.dev_root, writer, check_in_use=self.check_in_use)
         if verify_timeout is not None:
             self.binder.verify_timeout = verify_timeout

@@ -63,6 +63,14 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
     add_option(parser, "--sysfs-root", world_default("sysfs_root"), help="where sysfs is mounted")
     add_option(parser, "--dev-root", world_default("dev_root"), help="root under which /dev paths are looked up")
     add_option(parser, "--pod-resources-socket", world_default("pod_resources_socket"), help="kubelet pod-resources socket")
+    add_option(
+        parser,
+        "--instance",
+        "",
+        help="this deployment's name on the node (a DNS label, e.g. the Helm release): the CDI specs, state and "
+        "locks it keeps in shared folders are named by it, so deployments never touch each other's files; "
+        "empty: the default instance, whose files keep their plain names",
+    )
 
 
 KUBECONFIG_HELP = "kubeconfig file; without it, as kubectl: $KUBECONFIG, ~/.kube/config, then the in-cluster service account"
@@ -84,7 +92,7 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
 def world_from_args(args: argparse.Namespace) -> World:
     """The world of the command line; ConfigError for a bad ``--pod-uid``."""
     from cdiplug.errors import ConfigError
-    from cdiplug.models.world import World, default_node_name, pod_uid_problem
+    from cdiplug.models.world import World, default_node_name, instance_problem, pod_uid_problem
 
     dra: dict[str, object] = {}
     if hasattr(args, "plugins_dir"):  # commands with add_dra_options
@@ -100,6 +108,9 @@ def world_from_args(args: argparse.Namespace) -> World:
             if (problem := pod_uid_problem(pod_uid)) is not None:
                 raise ConfigError(f"--pod-uid (or $CDIPLUG_POD_UID): {problem}")
             dra["pod_uid"] = pod_uid
+    instance = getattr(args, "instance", None) or ""
+    if (problem := instance_problem(instance)) is not None:
+        raise ConfigError(f"--instance (or $CDIPLUG_INSTANCE): {problem}")
     return World(
         kubelet_dir=Path(args.kubelet_dir),
         cdi_dir=Path(args.cdi_dir),
@@ -107,6 +118,7 @@ def world_from_args(args: argparse.Namespace) -> World:
         sysfs_root=Path(args.sysfs_root),
         dev_root=Path(args.dev_root),
         pod_resources_socket=Path(args.pod_resources_socket),
+        instance=instance,
         **dra,  # type: ignore[arg-type]
     )
 

@@ -89,7 +89,8 @@ class DraDriver:
 
     def offer(self, snapshot: DeviceSnapshot) -> None:
         self.latest = snapshot
-        self.recorder.devices(self.name, snapshot.healthy_count(), len(snapshot.devices) - snapshot.healthy_count())
+        healthy = snapshot.healthy_count()
+        self.recorder.devices(self.name, healthy, len(snapshot.devices) - healthy, snapshot.unhealthy_causes())
         self.publisher.want(snapshot)
         self.health.update(snapshot)
         self.preparer.devices_known()

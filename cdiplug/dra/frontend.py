@@ -66,13 +66,13 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
     def __init__(self, parts: FrontEndParts[BackendHost], *, client_factory: ClientFactory = default_client) -> None:
         super().__init__(parts)
         self.client_factory = client_factory
-        self.store = ClaimStore(self.world.state_dir)
+        self.store = ClaimStore(self.world.own_state_dir)
         self._client: KubeClient | None = None
         self._drivers: dict[str, DraDriver] = {}
         self._draining: dict[str, DraDriver] = {}  # by driver name: left the configuration, claims still prepared
         self.boot_id: str | None = None  # read at start (world.host_path: tests fake it)
         # With --pod-uid another instance may share our state (a rolling update): we say we run.
-        self.instance = InstanceLock(self.world.state_dir, self.world.pod_uid) if self.world.pod_uid else None
+        self.instance = InstanceLock(self.world.own_state_dir, self.world.pod_uid) if self.world.pod_uid else None
 
     # -- introspection (tests) --
 

@@ -129,7 +129,7 @@ class DraApi(FrontEndTypeBase):
         (PodResources' dynamic resources, ``<node>/<device>`` in the driver's pool); None while
         some are but the backend has not reported, so which is not known. At start, with no
         checkpoint, no claim of ours can be prepared: nothing is asked."""
-        if at_start and not (world.state_dir / CHECKPOINT).exists():
+        if at_start and not (world.own_state_dir / CHECKPOINT).exists():
             return {rc.name: frozenset() for rc in resources}
         from cdiplug.wire.pod_resources import list_allocated  # the stubs cost start-up time: only when asked
 
