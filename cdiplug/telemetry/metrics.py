@@ -223,6 +223,7 @@ class Metrics:
                 preparation_failed=self._preparation_failures.labels(resource),
                 ready=self._ready.labels(resource),
             )
+            self._backend_down.labels(resource)  # 0 until its backend goes down
         return children
 
     # -- recording (called from the event loop) --------------------------------------------------
