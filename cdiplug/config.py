@@ -214,9 +214,14 @@ class _RawResource:
     name: str
     backend: str
     options: dict[str, Any] = attrs.Factory(dict)
-    api: ApiName = ApiName(Api.DEVICE_PLUGIN)
-    cdi_kind: str | None = None  # None: not in the file
-    settings: dict[str, Any] = attrs.Factory(dict)  # every other key: its front end's settings
+    api: ApiName = field(
+        default=ApiName(Api.DEVICE_PLUGIN), metadata={"doc": "The front end serving the resource; its settings are more keys."}
+    )
+    # The CDI kind of the spec the host writes for the resource (default: the name, or the
+    # backend's choice); set only where the front end's consumers use that spec. None: not given.
+    cdi_kind: str | None = None
+    # Every other key: its front end's settings (documented with them, not as a key of its own).
+    settings: dict[str, Any] = field(factory=dict, metadata={"internal": True})
 
     def given(self) -> list[str]:
         return ([CDI_KIND] if self.cdi_kind is not None else []) + list(self.settings)

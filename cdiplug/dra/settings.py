@@ -43,7 +43,8 @@ def default_dra_driver(resource: str) -> str:
 class DraSettings:
     """The per-resource settings of ``api: dra``; ``dra_driver`` is filled in by the loader."""
 
-    dra_driver: str = ""
+    # the driver's name (default: <class>.<vendor> of the resource name, or the backend's own default)
+    dra_driver: str = attrs.field(default="", metadata={"example": "fpga.example.com"})
     device_metadata: bool = False  # write KEP-5304 device metadata files (cdiplug.dra.metadata)
 
 
