@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdiplug.dra import claimspec, metadata
@@ -46,18 +46,12 @@ from cdiplug.dra.settings import DraSettings, driver_of
 from cdiplug.errors import CdiplugError
 from cdiplug.frontend import FrontEndBase, FrontEndParts, changes
 from cdiplug.host import BackendHost
-from cdiplug.kube.client import KubeClient, connect
+from cdiplug.kube.client import KubeClient
+from cdiplug.kube.factory import ClientFactory, default_client
 from cdiplug.models.resource import Api, ResourceConfig
-from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import SupervisorClosed
 
 log = logging.getLogger(__name__)
-
-ClientFactory = Callable[[World], KubeClient]
-
-
-def default_client(world: World) -> KubeClient:
-    return connect(world.kubeconfig)
 
 
 class DraFrontEnd(FrontEndBase[BackendHost]):
