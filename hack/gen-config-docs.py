@@ -6,9 +6,9 @@
 
 It walks attrs classes generically: the file's top level (``cdiplug.config._RawConfig``), every
 class its fields lead to, the per-resource settings class of every registered front end (when a
-front end has one), and the options class of every installed backend (``cdiplug.backends`` entry
-points), with every attrs class their fields lead to. Per key: its name as the file spells it
-(``class_`` renamed ``class``), its type, its default, an example, and a description taken from
+front end has one), and the options class of every backend the repository registers (the
+``cdiplug.backends`` entry points of pyproject.toml, installed or not), with every attrs class
+their fields lead to. Per key: its name as the file spells it (``class_`` renamed ``class``), its type, its default, an example, and a description taken from
 the comments beside the field in the source (or ``metadata={"doc": ...}``; ``metadata={"example":
 ...}`` gives the example). Nothing here names a key, so a new option needs no edit here, and the
 test (tests/hack/test_config_docs.py) fails until the page is regenerated.
@@ -321,10 +321,23 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def backends() -> dict[str, Any]:
+    """The backends this repository registers (pyproject.toml's ``cdiplug.backends`` entry points,
+    whatever this environment installed), each plugin imported from its ``module:attr``."""
+    import importlib
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    found = {}
+    for name, target in sorted(project["entry-points"]["cdiplug.backends"].items()):
+        module, _, attr = target.partition(":")
+        found[name] = getattr(importlib.import_module(module), attr)
+    return found
+
+
 def roots() -> Iterator[tuple[str, type, str, str]]:
     """(title, class, where in the file, what the section is) of every starting point."""
     from cdiplug import config, frontend
-    from cdiplug.backend import load_plugins
 
     yield "The file", config._RawConfig, "", "The top level of the file."
     for api in frontend.registered():
@@ -336,11 +349,10 @@ def roots() -> Iterator[tuple[str, type, str, str]]:
                 "resources[]",
                 f"More keys of a resource with `api: {api}`, beside its name, backend, options and api.",
             )
-    plugins = load_plugins()
-    for name in plugins:
+    for name, plugin in backends().items():
         yield (
             f"Backend {name}: options",
-            plugins[name].options_type,
+            plugin.options_type,
             "resources[].options",
             f"The `options` of a resource with `backend: {name}`.",
         )

@@ -268,7 +268,7 @@ def test_built_in_default_mapping_says_what_the_yaml_says():
 
 def test_default_serve_path_imports_nothing_it_does_not_need():
     """`cdiplug serve` without --config: no YAML, no JSON, no metrics, no DRA, no hardware
-    libraries, no CDI spec building before Register (start-up time and memory, issue #13)."""
+    libraries, no CDI spec building before Register (start-up time and memory)."""
     code = (
         "import sys, cdiplug.cli.serve, cdiplug.daemon; from cdiplug.config import load_config; load_config(None);"
         "heavy = ('yaml', 'json', 'prometheus_client', 'lightkube', 'pyroute2', 'pyudev', 'pynvml', 'cdiplug.dra',"

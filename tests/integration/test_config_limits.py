@@ -1,5 +1,5 @@
 """Configuration values that would break later are refused when loaded, and SIGHUP never ends the
-daemon (issue #12, item 2).
+daemon.
 
 Covers the checks of cdiplug.config (NUMA nodes beyond 2^31-1, CDI spec file names over 255 bytes,
 ``count × replicas`` beyond the kubelet's 4 MiB ListAndWatch limit, socket paths beyond 107 bytes

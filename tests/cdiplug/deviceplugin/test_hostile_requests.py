@@ -1,4 +1,4 @@
-"""Hostile gRPC requests against a real ResourceServer with the real Allocator (issue #12, item 3).
+"""Hostile gRPC requests against a real ResourceServer with the real Allocator.
 
 Real grpc.aio over a unix socket; some requests are raw bytes sent without protobuf on our side
 (IDs that are not valid UTF-8, truncated messages). Covers: status codes (INVALID_ARGUMENT, never
