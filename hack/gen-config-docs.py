@@ -296,11 +296,16 @@ def example_value(t: Any) -> Any:
     return SAMPLES.get(t, "value")
 
 
+def _keys(cls: type) -> list[attrs.Attribute[Any]]:
+    """The fields of ``cls`` a file writes (one marked ``metadata={"internal": True}`` is not a key)."""
+    return [a for a in attrs.fields(cls) if not a.metadata.get("internal")]
+
+
 def rows(walker: Walker, cls: type) -> Iterator[tuple[str, str, str, str, str]]:
     notes = comments(cls)
     written = documented(cls)
     hints = _hints(cls)
-    for a in attrs.fields(cls):
+    for a in _keys(cls):
         t = hints.get(a.name, a.type)
         key = key_of(a)
         value, comment = written.get(key, ("", ""))
@@ -335,8 +340,8 @@ def roots() -> Iterator[tuple[str, type, str, str]]:
     from cdiplug import config, frontend
 
     yield "The file", config._RawConfig, "", "The top level of the file."
-    for api, kind in frontend.registered().items():
-        settings = getattr(kind, "settings", None)
+    for api in frontend.registered():
+        settings = frontend.front_end_type(api).settings
         if isinstance(settings, type) and attrs.has(settings) and attrs.fields(settings):
             yield (
                 f"Settings of api: {api}",
@@ -378,7 +383,7 @@ def sections() -> dict[str, list[str]]:
     walker = Walker()
     for title, cls, where, _ in roots():
         walker.add(cls, title, where)
-    return {title.replace("`", ""): [key_of(a) for a in attrs.fields(cls)] for title, cls, _ in walker.order}
+    return {title.replace("`", ""): [key_of(a) for a in _keys(cls)] for title, cls, _ in walker.order}
 
 
 def main() -> int:

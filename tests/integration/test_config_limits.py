@@ -25,7 +25,7 @@ import yaml
 from cdiplug import daemon as daemon_module
 from cdiplug.config import check_against, load_config, parse_config
 from cdiplug.daemon import Daemon
-from cdiplug.deviceplugin.frontend import list_and_watch_size
+from cdiplug.deviceplugin.settings import list_and_watch_size
 from cdiplug.errors import ConfigError
 from cdiplug.frontend import MAX_SOCKET_PATH
 from cdiplug.models.world import World
