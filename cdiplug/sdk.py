@@ -8,7 +8,8 @@ import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What
 - the optional abilities, small protocols a backend class subclasses so that ``mypy --strict``
   checks its methods: :class:`Preparer`, :class:`Unpreparer`, :class:`ReleasePoller`,
   :class:`PreferredAllocator`, :class:`PairwiseAffinity`, :class:`ClaimConfigurable` (DRA
-  per-claim configuration, answering :class:`Configured`);
+  per-claim configuration, answering :class:`Configured`), :class:`NodeChecker` (what the
+  backend needs of the node, for ``cdiplug doctor``, as :class:`Finding` values);
 - the options protocols its options class may subclass: :class:`CheckedOptions` (``problems()``)
   and :class:`SizedOptions` (``device_estimate()``); options are structured by :data:`converter`
   (unknown keys forbidden), enums registered with :func:`register_enum`;
@@ -49,8 +50,10 @@ from cdiplug.errors import (
     DeviceInUse,
     InputError,
     InvalidRequest,
+    NoSuchDevice,
     PreparationError,
 )
+from cdiplug.models.checks import Finding, NodeChecker, Verdict
 from cdiplug.models.devices import (
     MAX_NUMA_NODE,
     PCI_BUS_ID_ATTRIBUTE,
@@ -90,6 +93,7 @@ __all__ = [
     "ClaimConfigurable",
     "Configured",
     "ModelLabels",
+    "NodeChecker",
     "PairwiseAffinity",
     "PreferredAllocator",
     "Preparer",
@@ -100,6 +104,9 @@ __all__ = [
     "SizedOptions",
     "converter",
     "register_enum",
+    # what a NodeChecker reports (cdiplug doctor)
+    "Finding",
+    "Verdict",
     # values, configuration, the world
     "MAX_NUMA_NODE",
     "PCI_BUS_ID_ATTRIBUTE",
@@ -126,6 +133,7 @@ __all__ = [
     "DeviceInUse",
     "InputError",
     "InvalidRequest",
+    "NoSuchDevice",
     "PreparationError",
     # toolkit
     "CONFIG_LIMIT",

@@ -143,3 +143,22 @@ so the scheduler would never place the new pod). */}}
 {{- $token := or (gt (len $d.dra) 0) $d.named $d.nodeLabels }}
 {{- dict "hostNetwork" $hostNetwork "hostPID" $pci "privileged" $pci "surge" $surge "metricsPort" $port "token" $token | toJson }}
 {{- end }}
+
+{{/* The admission webhook's names and labels (never the daemon's selector labels: the DaemonSet
+and the metrics Service must not select its pods). */}}
+{{- define "cdiplug.webhookName" -}}
+{{- printf "%s-webhook" (include "cdiplug.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "cdiplug.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "cdiplug.name" . }}-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* metadata of a webhook object: (list $ NAME NAMESPACED). */}}
+{{- define "cdiplug.webhookMetadata" -}}
+{{- $ctx := index . 0 }}
+{{- $meta := include "cdiplug.metadata" . | fromYaml }}
+{{- $_ := set $meta "labels" (merge (include "cdiplug.webhookSelectorLabels" $ctx | fromYaml) $meta.labels) }}
+{{- toYaml $meta }}
+{{- end }}
