@@ -249,8 +249,10 @@ def test_bad_configuration_is_refused_at_create(webhook: Any, what: str, make: A
     other = make(f"other-{what}", params, OTHER)  # the same for another vendor's driver: never looked at
     code, out = create(webhook, other)
     assert code == 0, out
-    kind = other["kind"].lower() + "s"
-    webhook("delete", kind, other["metadata"]["name"], *(["-n", TEST_NAMESPACE] if kind != "deviceclasses" else []))
+    if other["kind"] == "DeviceClass":
+        webhook("delete", "deviceclass", other["metadata"]["name"])
+    else:
+        webhook("delete", other["kind"].lower(), other["metadata"]["name"], "-n", TEST_NAMESPACE)
 
 
 def pod(name: str, claim_name: str) -> dict[str, Any]:
