@@ -24,6 +24,7 @@ from cdiplug.frontend import FrontEnd, FrontEndParts, front_end_type, registered
 from cdiplug.handover import Handover
 from cdiplug.host import BackendHost
 from cdiplug.host.backends import BACKOFF_INITIAL, BACKOFF_MAX
+from cdiplug.host.owners import DRA_DRIVER, RESOURCE, Owners
 from cdiplug.kube.own_node import OwnNode
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
@@ -31,6 +32,14 @@ from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
 from cdiplug.toolkit.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+
+def claims(config: Config) -> list[tuple[str, str]]:
+    """What an instance serving ``config`` claims on the node (:mod:`cdiplug.host.owners`):
+    every resource, and the driver of every DRA resource."""
+    return [(RESOURCE, r.name) for r in config.resources] + [
+        (DRA_DRIVER, r.dra_driver) for r in config.resources if r.api == "dra"
+    ]
 
 
 def spec_kinds(config: Config) -> list[str]:
@@ -65,6 +74,7 @@ class Node:
         self.recorder = recorder
         backoff = backoff if backoff is not None else (BACKOFF_INITIAL, BACKOFF_MAX)
         self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, backoff=backoff)
+        self.owners = Owners(world.state_dir, world.instance, world.pod_uid)
         self._parts = FrontEndParts(world, self.host, supervisor, recorder)
         self.handover = Handover(
             self.host, world.pod_resources_socket, supervisor, world.node_name, report=self._report, done=self._handover_done
@@ -100,6 +110,8 @@ class Node:
     async def start(self) -> None:
         async with self._lock:
             config = self.config
+            # Before anything is touched: another instance serving one of ours is an error.
+            await asyncio.to_thread(self.owners.claim, claims(config))
             self.recorder.configure(r.name for r in config.resources)
             self.host.create(config.resources)  # may raise: nothing runs yet
             if self.own_node is not None:
@@ -128,7 +140,12 @@ class Node:
             if self._stopped:
                 return
             old = self.config.by_name()
-            recreated = await self.host.reload(config.resources)
+            await asyncio.to_thread(self.owners.claim, claims(config))  # may raise: nothing changed yet
+            try:
+                recreated = await self.host.reload(config.resources)
+            except BaseException:
+                await asyncio.to_thread(self.owners.keep_only, claims(self.config))
+                raise
             before = {api: {r.name for r in group} for api, group in by_api(self.config).items()}
             after = by_api(config)
             self.config = config
@@ -155,6 +172,7 @@ class Node:
                 elif any(r.name not in before.get(api, ()) for r in resources):
                     await self._front_ends[api].reload(resources, frozenset())
             await self.host.specs.remove_stale(self._spec_kinds())
+            await asyncio.to_thread(self.owners.keep_only, claims(config))
 
     def _spec_kinds(self) -> list[str]:
         """The CDI kinds whose host-written specs stay: the configured device-plugin resources',
@@ -179,3 +197,4 @@ class Node:
             for front_end in reversed(list(self._front_ends.values())):
                 await front_end.stop()
             await self.host.stop()
+            self.owners.close()
