@@ -3,8 +3,9 @@
 #
 #   hack/test.sh [PYTEST ARGS...]
 #
-# 1. Debian packages the end-to-end tests use (podman and runc for CDI, QEMU and busybox for the
-#    VFIO VM test, shellcheck, iproute2) through apt, as root or with sudo;
+# 1. Debian packages the tests use (podman and runc for CDI, QEMU and busybox for the
+#    VFIO VM test, shellcheck, iproute2, prometheus for promtool and the rules test) through apt,
+#    as root or with sudo;
 # 2. the project with its test extra into .venv (hack/lib/venv.sh);
 # 3. the static checks: ruff format and lint, mypy --strict, import-linter's layer contracts;
 # 4. pytest -m "not cluster", as root (the tests bind devices, mount, write /var/run/cdi; sudo
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 source hack/lib/venv.sh
 
 apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
-  etcd-server debootstrap containernetworking-plugins curl openssl iptables
+  etcd-server debootstrap containernetworking-plugins curl openssl iptables prometheus
 ensure_venv
 .venv/bin/python -m pip install -q -e '.[test]'
 

@@ -33,6 +33,7 @@ from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.instance import Instance
 from cdiplug.toolkit.atomic import make_dirs, write_atomic
 from cdiplug.toolkit.files import read_bounded
+from cdiplug.toolkit.tally import CDI_WRITE_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +238,11 @@ class SpecWriter:
         elif stamp is not None and last is not None and not unchanged:
             log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
         written.pop(key, None)
-        new_stamp = self._replace(path, content)
+        try:
+            new_stamp = self._replace(path, content)
+        except CdiError:
+            CDI_WRITE_FAILURES.add(key if snapshot is not None else "claim")  # owner-rendered files are claims' specs
+            raise
         written[key] = _Written.of(snapshot, content, new_stamp)
         return True
 

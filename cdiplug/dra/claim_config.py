@@ -37,7 +37,7 @@ from cdiplug.backend import CheckedOptions, ClaimConfigurable, Configured
 from cdiplug.config import converter
 from cdiplug.dra import shares
 from cdiplug.dra.checkpoint import PreparedClaim
-from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, ConfigEntry, allocated
+from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, ConfigEntry
 from cdiplug.errors import InvalidRequest
 from cdiplug.host.preparations import Preparations
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
@@ -225,9 +225,7 @@ async def prepare(
     return [again[n].device for n in wanted]
 
 
-async def check_unchanged(
-    read: Callable[[], Awaitable[Mapping[str, Any]]], ref: ClaimRef, done: PreparedClaim, pool: str
-) -> None:
+async def check_unchanged(read: Callable[[], Awaitable[AllocatedClaim]], ref: ClaimRef, done: PreparedClaim) -> None:
     """A repeated prepare of a completed claim prepared with a configuration: InvalidRequest when
     the claim's is no longer that one (deallocated and allocated again meanwhile, the UID kept).
 
@@ -235,7 +233,7 @@ async def check_unchanged(
     in the API. When the claim cannot be read (the API server down, the claim gone), the
     checkpoint answers: the kubelet's retry never depends on the API server."""
     try:
-        claim = allocated(await read(), ref, done.driver, pool)
+        claim = await read()
     except Exception as exc:
         log.debug("claim %s: answered from the checkpoint, the claim cannot be read again: %s", ref, exc)
         return

@@ -231,7 +231,6 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             for rc in diff.changed:
                 current = self._drivers[rc.name]
                 current.resource = rc
-                current.preparer.resource = rc
                 self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
             for rc in diff.added:
                 if (left := self._draining.pop(rc.dra_driver, None)) is not None:
