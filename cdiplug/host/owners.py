@@ -24,7 +24,6 @@ Blocking calls (file operations, the short guard wait): call them through ``asyn
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 from collections.abc import Iterable
@@ -66,6 +65,8 @@ def read_owner(path: Path) -> dict[str, object]:
         return {}
     finally:
         os.close(fd)
+    import json  # only when another instance holds a claim: json is not needed to start serving
+
     try:
         value = json.loads(data)
     except ValueError:
@@ -122,6 +123,8 @@ class Owners:
                     f"serve it from one cdiplug instance only (this is {Instance(self.instance).label})"
                 ) from None
             return filelock.hold(path, f"the claim on {_WHAT[kind]} {name}", wait=0, shared=True)  # our other pod
+        import json  # as above
+
         try:
             content = {"instance": self.instance, "pid": os.getpid(), "pod_uid": self.pod_uid or "", kind: name}
             os.ftruncate(fd, 0)
