@@ -70,13 +70,15 @@ def decode(
     request: str,
     check_type: bool = True,
     check_values: bool = True,
+    where: str | None = None,
 ) -> Any:
     """``parameters`` as ``config_type``; InvalidRequest naming the field, the claim and the request.
 
     ``check_type``: apiVersion and kind are checked (each entry has them, the merge not);
     ``check_values``: the checks across fields (``problems()``; the merge only: one entry may
-    set what another's fields need)."""
-    where = _where(ref, request)
+    set what another's fields need); ``where``: the object named in the errors, if not the claim
+    (the admission webhook names a ResourceClaimTemplate or a DeviceClass)."""
+    where = where or _where(ref, request)
     if check_type:
         for key, want in zip(_TYPE_KEYS, (API_VERSION, kind)):
             got = parameters.get(key)

@@ -44,7 +44,7 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, Context, User
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.resources.core_v1 import Event, Node
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from cdiplug.errors import KubernetesError
@@ -282,6 +282,10 @@ class LightkubeClient:
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         what = f"cannot read ResourceClaim {namespace}/{name}"
         return _dict(await self._call(what, self._client.get(ResourceClaim, name, namespace=namespace)))
+
+    async def get_device_class(self, name: str) -> dict[str, Any]:
+        """DeviceClass ``name`` (the admission webhook reads a claim's classes' configuration)."""
+        return _dict(await self._call(f"cannot read DeviceClass {name}", self._client.get(DeviceClass, name)))
 
     async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
         call = self._client.patch(
