@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from cdiplug.cli import add_dra_options, add_option, add_world_options, world_from_args
+from cdiplug.cli import add_dra_options, add_log_level, add_option, add_world_options, world_from_args
 from cdiplug.errors import CdiplugError, ConfigError
 from cdiplug.models.instance import INSTANCES_FOLDER, OWNERS_FOLDER, owners_dir
 from cdiplug.models.names import socket_name
@@ -54,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_world_options(parser)
     add_dra_options(parser)
     add_option(parser, "--wait", str(DEFAULT_WAIT), help="seconds to wait for the instance's daemon to stop")
+    add_log_level(parser)
     parser.set_defaults(func=run)
 
 
