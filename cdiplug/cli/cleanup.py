@@ -35,7 +35,7 @@ from pathlib import Path
 
 from cdiplug.cli import add_dra_options, add_log_level, add_option, add_world_options, world_from_args
 from cdiplug.errors import CdiplugError, ConfigError
-from cdiplug.models.instance import INSTANCES_FOLDER, OWNERS_FOLDER, owners_dir
+from cdiplug.models.instance import DRA_DRIVER, INSTANCES_FOLDER, OWNERS_FOLDER, RESOURCE, owners_dir
 from cdiplug.models.names import socket_name
 from cdiplug.models.world import World
 
@@ -80,7 +80,7 @@ class Cleanup:
             owner = read_owner(path)
             if owner.get("instance") != self.world.instance:
                 continue
-            for kind in ("resource", "dra-driver"):
+            for kind in (RESOURCE, DRA_DRIVER):
                 if isinstance(name := owner.get(kind), str):
                     found.append((path, kind, name))
         return found
@@ -125,7 +125,7 @@ class Cleanup:
     def sockets(self, claims: list[tuple[Path, str, str]]) -> None:
         w = self.world
         for _, kind, name in claims:
-            if kind == "resource":
+            if kind == RESOURCE:
                 self._socket(w.kubelet_dir / socket_name(name))
                 continue
             pattern = re.compile(rf"{re.escape(name)}(-{_UUID})?-reg\.sock")

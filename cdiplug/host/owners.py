@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from cdiplug.errors import ConfigError
-from cdiplug.models.instance import Instance, owners_dir
+from cdiplug.models.instance import DRA_DRIVER, RESOURCE, Instance, owners_dir
 from cdiplug.toolkit import filelock
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 GUARD = ".guard.lock"
 GUARD_WAIT = 10.0  # seconds another instance may hold the guard (it does for a moment)
 CONTENT_LIMIT = 4096
-RESOURCE = "resource"
-DRA_DRIVER = "dra-driver"
 _WHAT = {RESOURCE: "resource", DRA_DRIVER: "DRA driver"}
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the chaos suite (issue #12, item 7): a real ``python -m cdiplug serve`` process,
+"""Shared pieces of the chaos suite: a real ``python -m cdiplug serve`` process,
 checks on its log, and the figures the suite reports.
 
 Every test here is marked ``chaos`` and states its bound; the whole suite stays under 5 minutes on
@@ -46,7 +46,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def figure(key: str, value: Any) -> None:
-    """Record one figure for the summary (the closing note of issue #12 quotes them)."""
+    """Record one figure for the summary."""
     FIGURES[key] = value
 
 

@@ -1,4 +1,4 @@
-"""The kubelet's probes under a slow-client attack on the metrics address (issue #17, item 1).
+"""The kubelet's probes under a slow-client attack on the metrics address.
 
 A real daemon process (``python -m cdiplug serve --metrics-address 127.0.0.1:0``, registered with
 the kubelet stand-in, so /readyz is 200) gets 200 clients on loopback for 60 s: 100 silent, 100

@@ -15,7 +15,8 @@ import attrs
 import pytest
 
 from cdiplug.cli import main
-from cdiplug.host.owners import DRA_DRIVER, RESOURCE, Owners
+from cdiplug.host.owners import Owners
+from cdiplug.models.instance import DRA_DRIVER, RESOURCE
 from cdiplug.models.world import World
 
 UID = "11111111-2222-3333-4444-555555555555"

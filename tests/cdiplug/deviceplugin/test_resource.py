@@ -18,6 +18,7 @@ from cdiplug.cdi.writer import SpecWriter, same_spec
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.resource import ServedResource
 from cdiplug.deviceplugin.server import ResourceServer
+from cdiplug.deviceplugin.settings import DevicePluginSettings
 from cdiplug.host import SpecKeeper
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
 from cdiplug.models.resource import ResourceConfig
@@ -62,7 +63,7 @@ class RecordingMetrics:
 
 
 def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
-    rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=replicas)
+    rc = ResourceConfig(name=RESOURCE, backend="test", options=None, settings=DevicePluginSettings(replicas=replicas))
     holder: list[ResourceServer] = []
     writer = RecordingWriter(world, holder)
     keeper = SpecKeeper(writer, rc.cdi_kind)
@@ -142,7 +143,7 @@ async def test_replace_allocator_reapplies_the_last_snapshot_under_the_new_confi
     try:
         res.offer(snapshot("a"))
         await until(lambda: res.server.advertised == snapshot("a"), "published")
-        rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=2)
+        rc = ResourceConfig(name=RESOURCE, backend="test", options=None, settings=DevicePluginSettings(replicas=2))
         new = Allocator(rc, Abilities())
         res.replace_allocator(rc, new, res.spec)
         assert res.server.allocator is new and new.snapshot == snapshot("a")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cdiplug.host.owners import DRA_DRIVER, RESOURCE, OwnerConflict, Owners, claim_file, read_owner
+from cdiplug.host.owners import OwnerConflict, Owners, claim_file, read_owner
+from cdiplug.models.instance import DRA_DRIVER, RESOURCE
 
 FPGA = (RESOURCE, "example.com/fpga")
 NIC = (RESOURCE, "example.com/nic")

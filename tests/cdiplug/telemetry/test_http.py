@@ -1,4 +1,4 @@
-"""The metrics endpoint against slow, silent, greedy and junk clients (issues #12, item 6, and #17).
+"""The metrics endpoint against slow, silent, greedy and junk clients.
 
 Real TCP on 127.0.0.1 port 0, raw sockets on the client side. Covers: a silent and a trickling
 client dropped after the timeout (a short one here; 10 s by default), the deadline for the
@@ -7,7 +7,7 @@ waiting room (256 held) dropping its oldest for a newcomer so that probes are an
 answered while everything else is over its bound and the other way round, 431 for headers over
 8 KiB, 400/405/404 for junk, a wrong method and an unknown path, no thread per connection, no
 file descriptor left behind, and the endpoint answering normally again afterwards. The attack of
-issue #17 at full size (200 slow clients for 60 s): tests/chaos/test_metrics_probes.py.
+At full size (200 slow clients for 60 s): tests/chaos/test_metrics_probes.py.
 """
 
 from __future__ import annotations
