@@ -37,7 +37,7 @@ from attrs import field, frozen
 
 from cdiplug.backend import BackendPlugin, CheckedOptions, load_plugins
 from cdiplug.errors import BackendError, BackendNotFound, ConfigError, InputError
-from cdiplug.frontend import CDI_KIND, CORE_KEYS, Problem, front_end_type, owners, registered, setting_names
+from cdiplug.frontend import CDI_KIND, CORE_KEYS, ResourceProblem, front_end_type, owners, registered, setting_names
 from cdiplug.models.names import extended_resource_problem, is_label_value, spec_file_problem
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
@@ -458,7 +458,7 @@ def by_api(config: Config) -> dict[str, list[ResourceConfig[object]]]:
     return {api: group for api in registered() if (group := [r for r in config.resources if r.api == api])}
 
 
-def _raise_first(config: Config, problems: Sequence[Problem], given: Mapping[str, Sequence[str]] | None = None) -> None:
+def _raise_first(config: Config, problems: Sequence[ResourceProblem], given: Mapping[str, Sequence[str]] | None = None) -> None:
     """The first of the front ends' ``problems`` (in the file's order) as a ConfigError.
 
     With ``given`` (the settings each resource set in the file), a problem with a setting left to

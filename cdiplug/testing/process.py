@@ -1,9 +1,10 @@
-"""``cdiplug serve`` as a real process, for tests: :func:`serve_process`.
+"""A real daemon process for tests: ``python -m cdiplug serve`` with its JSON log read as it comes.
 
-The daemon runs with ``--log-format json`` writing to a log file of the caller's; the yielded
-:class:`ServeProcess` reads it back (``lines``, ``messages``, ``wait_log``) and the block's end
-kills a daemon still running. Folders come from the :class:`~cdiplug.models.world.World`; extra
-flags (``--instance``, ``--metrics-address``) go after them.
+:func:`daemon_process` starts one (``async with``; killed at the end if it still runs) and yields
+a :class:`DaemonProcess`: its log lines as they come (kept in ``daemon.log`` beside the
+configuration), :meth:`~DaemonProcess.wait_for` a line (woken by each new line, never by a timer),
+:meth:`~DaemonProcess.check_log` (no traceback, every error naming its source), a clean
+:meth:`~DaemonProcess.stop` (SIGTERM) or :meth:`~DaemonProcess.kill`.
 """
 
 from __future__ import annotations
@@ -14,64 +15,99 @@ import json
 import os
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from cdiplug.models.world import World
 
-LOG_WAIT = 10.0
-POLL = 0.02
 
+class DaemonProcess:
+    """A real daemon: ``python -m cdiplug serve`` with JSON logs read as they come (and kept in a file)."""
 
-class ServeProcess:
-    """A running (or ended) ``cdiplug serve`` and its JSON log."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path, config: Path) -> None:
         self.proc = proc
         self.log = log
+        self.config = config
+        self.entries: list[dict[str, Any]] = []
+        self._changed = asyncio.Condition()
+        self._reader = asyncio.create_task(self._read(), name=f"daemon {proc.pid} log")
 
-    def lines(self) -> list[dict[str, str]]:
-        out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
-        return out
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
-    def messages(self) -> str:
-        return "\n".join(e.get("message", "") for e in self.lines())
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.log.open("ab") as out:
+            async for line in self.proc.stdout:
+                out.write(line)
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    entry = {"level": "RAW", "message": line.decode(errors="replace")}
+                async with self._changed:
+                    self.entries.append(entry)
+                    self._changed.notify_all()
+        async with self._changed:
+            self._changed.notify_all()
 
-    async def wait_log(self, text: str, timeout: float = LOG_WAIT) -> None:
-        """Until a log message holds ``text``; AssertionError (with the log) when the daemon ends or time is up."""
-        deadline = time.monotonic() + timeout
-        while text not in self.messages():
-            if self.proc.returncode is not None or time.monotonic() > deadline:
-                raise AssertionError(f"no log line with {text!r}; log:\n{self.log.read_text()}")
-            await asyncio.sleep(POLL)  # another process's file: nothing to wait on but time
+    def count(self, text: str) -> int:
+        return sum(text in e.get("message", "") for e in self.entries)
 
-    async def stop(self, timeout: float = LOG_WAIT) -> int:
-        """SIGTERM, then the exit status (bounded)."""
+    def reloads(self) -> int:
+        """Reloads finished, applied or refused (one outcome line each)."""
+        return sum(self.count(t) for t in ("configuration reloaded", "configuration not reloaded", "configuration not applied"))
+
+    async def wait_for(self, text: str, count: int = 1, timeout: float = 20.0) -> None:
+        """Until ``count`` log lines hold ``text`` (woken by each new line, never by a timer)."""
+        await self.wait_until(lambda: self.count(text) >= count, timeout, repr(text))
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+        """Until ``predicate()`` holds, re-checked at each new log line."""
+        async with asyncio.timeout(timeout), self._changed:
+            while not predicate():
+                if self._reader.done():
+                    raise AssertionError(f"the daemon ended; waiting for {what}; log:\n{self.tail()}")
+                await self._changed.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def check_log(self, *sources: str) -> None:
+        """No traceback anywhere; every ERROR line names one of ``sources`` (a file, a resource)."""
+        text = self.log.read_text(errors="replace")
+        assert "Traceback" not in text, text[-3000:]
+        for entry in self.entries:
+            assert entry.get("level") != "RAW", f"a line that is not JSON: {entry['message'][:300]}"
+            if entry.get("level") in ("ERROR", "CRITICAL"):
+                message = entry.get("message", "")
+                assert any(s in message for s in sources), f"an error naming none of {sources}: {message[:300]}"
+                assert len(message) < 2000, message[:300]
+
+    async def stop(self) -> int:
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), timeout)
+        code = await asyncio.wait_for(self.proc.wait(), 20)
+        await self._reader
+        return code
 
-
-def serve_args(world: World, config: Path | None, *extra: str) -> list[str]:
-    args = [sys.executable, "-m", "cdiplug", "serve", "--kubelet-dir", str(world.kubelet_dir), "--cdi-dir", str(world.cdi_dir)]
-    args += ["--state-dir", str(world.state_dir), "--log-format", "json", *extra]
-    return args + (["--config", str(config)] if config is not None else [])
+    async def kill(self) -> None:
+        self.proc.kill()
+        await self.proc.wait()
+        await self._reader
 
 
 @contextlib.asynccontextmanager
-async def serve_process(config: Path | None, world: World, log: Path, *extra: str) -> AsyncIterator[ServeProcess]:
-    """Run ``cdiplug serve`` on ``world``'s folders, logging to ``log``, until the block ends."""
-    with log.open("ab") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *serve_args(world, config, *extra), stdout=out, stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
+async def daemon_process(world: World, config: Path, *extra: str) -> AsyncIterator[DaemonProcess]:
+    log = config.with_name("daemon.log")
+    args = [sys.executable, "-m", "cdiplug", "serve", "--config", str(config), "--kubelet-dir", str(world.kubelet_dir)]
+    args += ["--cdi-dir", str(world.cdi_dir), "--state-dir", str(world.state_dir), "--log-format", "json", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
+    daemon = DaemonProcess(proc, log, config)
     try:
-        yield ServeProcess(proc, log)
+        yield daemon
     finally:
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            await daemon.kill()

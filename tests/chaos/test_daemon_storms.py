@@ -24,8 +24,9 @@ import pytest
 from cdiplug.cdi.spec import from_json
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.process import daemon_process
 
-from .conftest import SCALE, daemon_process, figure, proc_figures, write_config
+from .conftest import SCALE, figure, proc_figures, write_config
 
 FPGA, NIC = "example.com/fpga", "example.com/nic"
 

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.process import daemon_process
 
-from .conftest import daemon_process, figure, proc_figures, write_config
+from .conftest import figure, proc_figures, write_config
 
 FPGA = "example.com/fpga"
 ATTACK = 60.0

@@ -30,9 +30,10 @@ import yaml
 from cdiplug.daemon import Daemon
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.process import daemon_process
 from cdiplug.toolkit.filewatch import FolderWatch
 
-from .conftest import SCALE, daemon_process, figure, proc_figures, write_config
+from .conftest import SCALE, figure, proc_figures, write_config
 
 FPGA = "example.com/fpga"
 SPEC = "cdiplug-example.com-fpga.json"

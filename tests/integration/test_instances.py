@@ -30,7 +30,7 @@ from cdiplug.models.instance import Instance
 from cdiplug.models.names import socket_name
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
-from cdiplug.testing.process import ServeProcess, serve_process
+from cdiplug.testing.process import DaemonProcess, daemon_process
 
 FPGA = "example.com/fpga"
 DONGLE = "example.com/dongle"
@@ -101,8 +101,7 @@ class Running:
     resource: str
     config: Path
     world: World
-    log: Path
-    process: ServeProcess | None = None
+    process: DaemonProcess | None = None
     windows: list[tuple[float, float]] = attrs.Factory(list)
     _stack: contextlib.AsyncExitStack = attrs.Factory(contextlib.AsyncExitStack)
 
@@ -113,7 +112,7 @@ class Running:
     async def start(self, kubelet: KubeletStandIn) -> None:
         before = sum(r.resource == self.resource for r in kubelet.registrations)
         extra = ("--instance", self.name) if self.name else ()
-        self.process = await self._stack.enter_async_context(serve_process(self.config, self.world, self.log, *extra))
+        self.process = await self._stack.enter_async_context(daemon_process(self.world, self.config, *extra))
         await kubelet.wait_until(
             lambda: (
                 sum(r.resource == self.resource for r in kubelet.registrations) > before and kubelet.is_registered(self.resource)
@@ -139,15 +138,18 @@ class Running:
         return self.names.owns_spec(name) or (folder == self.world.kubelet_dir and name == socket_name(self.resource))
 
 
-def config_file(path: Path, resource: str) -> Path:
+def config_file(folder: Path, resource: str) -> Path:
+    """``folder/config.yaml`` serving ``resource`` (the daemon's log goes beside it)."""
+    folder.mkdir()
+    path = folder / "config.yaml"
     path.write_text(yaml.safe_dump({"resources": [{"name": resource, "backend": "fake", "options": {"count": 50}}]}))
     return path
 
 
 @contextlib.asynccontextmanager
 async def both(world: World, short_tmp: Path, kubelet: KubeletStandIn) -> AsyncIterator[tuple[Running, Running]]:
-    a = Running("", FPGA, config_file(short_tmp / "a.yaml", FPGA), world, short_tmp / "a.log")
-    b = Running("blue", DONGLE, config_file(short_tmp / "b.yaml", DONGLE), world, short_tmp / "b.log")
+    a = Running("", FPGA, config_file(short_tmp / "a", FPGA), world)
+    b = Running("blue", DONGLE, config_file(short_tmp / "b", DONGLE), world)
     try:
         await a.start(kubelet)
         await b.start(kubelet)
@@ -193,13 +195,14 @@ async def test_two_instances_restarting_never_remove_each_others_files(world: Wo
         assert other_checkpoint.read_text() == "not a checkpoint anyone here may read"
         for running in (a, b):
             assert running.process is not None
-            assert "checkpoint" not in running.process.messages()
+            assert running.process.count("checkpoint") == 0
 
         # A third instance configured with the default instance's resource stops at start, naming it.
-        green = config_file(short_tmp / "green.yaml", FPGA)
-        async with serve_process(green, world, short_tmp / "green.log", "--instance", "green") as third:
+        green = config_file(short_tmp / "green", FPGA)
+        async with daemon_process(world, green, "--instance", "green") as third:
             assert await asyncio.wait_for(third.proc.wait(), START_WAIT) == 2
-        said = (short_tmp / "green.log").read_text()
+            await third.stop()  # the whole log read
+        said = third.log.read_text()
         assert "resource example.com/fpga is served on this node by the default instance (no --instance)" in said
         assert "this is instance 'green'" in said
         assert kubelet.is_registered(FPGA) and sorted(p.name for p in world.cdi_dir.iterdir()) == specs

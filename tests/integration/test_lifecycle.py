@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import re
 import signal
 import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,9 +31,7 @@ import yaml
 from cdiplug.daemon import Daemon
 from cdiplug.errors import SocketInUse
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn
-from cdiplug.testing.process import ServeProcess
-from cdiplug.testing.process import serve_process as cdiplug_serve
+from cdiplug.testing import KubeletStandIn, eventually
 
 FPGA, NIC, ACC, NEW = "example.com/fpga", "example.com/nic", "example.com/acc", "example.com/new"
 
@@ -104,8 +105,7 @@ async def test_kubelet_absent_at_start_then_appearing(world: World, short_tmp: P
     async with daemon(config, world):
         # Serving already, waiting for the kubelet (no crash, a log line).
         assert sock(world, FPGA).is_socket() and sock(world, NIC).is_socket()
-        await asyncio.sleep(0.2)
-        assert any("waiting for the kubelet" in r.getMessage() for r in caplog.records)
+        await eventually(lambda: any("waiting for the kubelet" in r.getMessage() for r in caplog.records), "the log line")
         appeared = time.monotonic()
         async with KubeletStandIn(world.kubelet_dir) as kubelet:  # wipes the folder, as a kubelet does
             for name in (FPGA, NIC):
@@ -151,10 +151,44 @@ async def test_a_live_socket_is_refused_in_process(world: World, short_tmp: Path
 # -- a real process, real signals ----------------------------------------------------------------
 
 
+class Process:
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def lines(self) -> list[dict[str, str]]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    def messages(self) -> str:
+        return "\n".join(e.get("message", "") for e in self.lines())
+
+    async def wait_log(self, text: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.messages():
+            if self.proc.returncode is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no log line with {text!r}; log:\n{self.log.read_text()}")
+            await asyncio.sleep(0.02)
+
+
 @contextlib.asynccontextmanager
-async def serve_process(config: Path | None, world: World, short_tmp: Path, *extra: str) -> AsyncIterator[ServeProcess]:
-    async with cdiplug_serve(config, world, short_tmp / "daemon.log", *extra) as process:
-        yield process
+async def serve_process(config: Path | None, world: World, short_tmp: Path, *extra: str) -> AsyncIterator[Process]:
+    log = short_tmp / "daemon.log"
+    args = [sys.executable, "-m", "cdiplug", "serve", "--kubelet-dir", str(world.kubelet_dir), "--cdi-dir", str(world.cdi_dir)]
+    args += ["--state-dir", str(world.state_dir), "--log-format", "json", *extra]
+    if config is not None:
+        args += ["--config", str(config)]
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(*args, stdout=out, stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield Process(proc, log)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def http_get(url: str) -> tuple[int, str]:
