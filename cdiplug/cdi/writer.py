@@ -160,7 +160,7 @@ class SpecWriter:
                 return unlink(path)
             return self._put(self._written, kind, path, snapshot, self.render(kind, snapshot), stamp, unchanged)
 
-    def write_file(self, name: str, content: bytes, *, verify: bool = False) -> bool:
+    def write_file(self, name: str, content: bytes, *, verify: bool = False, durable: bool = True) -> bool:
         """Make the file ``name`` of the CDI folder hold ``content``; True when the file changed.
 
         As :meth:`write`, for a spec rendered by its owner (a DRA claim's): one ``lstat`` when the
@@ -178,7 +178,7 @@ class SpecWriter:
                 return False
             if unchanged and verify:
                 unchanged, stamp = False, _stat(path)  # same stamp, other bytes: look again, rewrite
-            return self._put(self._files, name, path, None, content, stamp, unchanged)
+            return self._put(self._files, name, path, None, content, stamp, unchanged, durable=durable)
 
     def file_is_current(self, name: str, content: bytes) -> bool:
         """Whether the file ``name`` is as :meth:`write_file` last wrote it, with ``content`` (one ``lstat``)."""
@@ -223,6 +223,8 @@ class SpecWriter:
         content: bytes,
         stamp: _Stamp | None,
         unchanged: bool,
+        *,
+        durable: bool = True,
     ) -> bool:
         """Write ``content`` at ``path`` unless it is there already; remember it as ``written[key]``."""
         last = written.get(key)
@@ -239,7 +241,7 @@ class SpecWriter:
             log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
         written.pop(key, None)
         try:
-            new_stamp = self._replace(path, content)
+            new_stamp = self._replace(path, content, durable=durable)
         except CdiError:
             CDI_WRITE_FAILURES.add(key if snapshot is not None else "claim")  # owner-rendered files are claims' specs
             raise
@@ -286,11 +288,11 @@ class SpecWriter:
                 self._files.pop(path.name, None)
         return removed
 
-    def _replace(self, path: Path, content: bytes) -> _Stamp:
+    def _replace(self, path: Path, content: bytes, *, durable: bool = True) -> _Stamp:
         """Write ``content`` to a temporary file beside ``path`` and rename it over ``path``."""
         self.ensure_folder()
         try:
-            written = write_atomic(path, content, FILE_MODE)
+            written = write_atomic(path, content, FILE_MODE, durable=durable)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
         # The stamp after the rename (which may change the ctime), if it is still our file as we

@@ -91,8 +91,14 @@ def render(
 
 async def write(specs: SpecKeepers, uid: str, content: bytes) -> None:
     """Write the claim's spec atomically and keep it so (the CDI folder's watch writes it again
-    should it go while the claim is prepared); CdiError on failure (no half-written file)."""
-    await specs.keep_file(file_name(specs.names, uid), content)
+    should it go while the claim is prepared); CdiError on failure (no half-written file).
+
+    Without fsync: the rename is atomic for the runtime, which reads it after our answer, and for
+    a process that dies; a power loss is a reboot, after which the start-up restore writes every
+    prepared claim's spec again from the checkpoint (:mod:`.restore`), so a durable spec would
+    buy nothing and cost two fsyncs on every prepare where the CDI folder is on a disk.
+    """
+    await specs.keep_file(file_name(specs.names, uid), content, durable=False)
 
 
 async def remove(specs: SpecKeepers, uid: str) -> bool:

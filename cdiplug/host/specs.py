@@ -113,6 +113,7 @@ class FileKeeper:
         self.name = name
         self.guard = guard
         self.content: bytes | None = None
+        self.durable = True
         self.repairs = 0
         self._lock = asyncio.Lock()
 
@@ -120,11 +121,16 @@ class FileKeeper:
     def path(self) -> Path:
         return self.writer.cdi_dir / self.name
 
-    async def ensure(self, content: bytes) -> bool:
-        """Return once the file holds ``content``; True when it was (re)written. CdiError when it cannot be."""
+    async def ensure(self, content: bytes, *, durable: bool = True) -> bool:
+        """Return once the file holds ``content``; True when it was (re)written. CdiError when it cannot be.
+
+        ``durable=False`` skips the fsyncs (:func:`cdiplug.toolkit.atomic.write_atomic`), for a
+        file its owner writes again after a reboot anyway; repairs are written the same way.
+        """
         async with self._lock:
             self.content = content
-            return await asyncio.to_thread(self.writer.write_file, self.name, content)
+            self.durable = durable
+            return await asyncio.to_thread(self.writer.write_file, self.name, content, durable=durable)
 
     async def adopt(self) -> bool:
         """Keep the file as it is on disk (written by an earlier run); False when there is none to keep."""
@@ -148,7 +154,8 @@ class FileKeeper:
         async with self._lock:
             if self.content is not content:
                 return False  # written anew or dropped meanwhile
-            written = await _rewrite(lambda: self.writer.write_file(self.name, content, verify=True), self.path)
+            durable = self.durable
+            written = await _rewrite(lambda: self.writer.write_file(self.name, content, verify=True, durable=durable), self.path)
         if written:
             self.repairs += 1
             log.warning("CDI spec %s was missing or changed; written again", self.path)
@@ -227,9 +234,9 @@ class SpecKeepers:
     def kept_files(self) -> list[FileKeeper]:
         return list(self._files.values())
 
-    async def keep_file(self, name: str, content: bytes) -> bool:
+    async def keep_file(self, name: str, content: bytes, *, durable: bool = True) -> bool:
         """Write this instance's spec ``name`` with ``content`` and keep it so; True when it was (re)written."""
-        return await self._file(name).ensure(content)
+        return await self._file(name).ensure(content, durable=durable)
 
     async def adopt_file(self, name: str) -> bool:
         """Keep this instance's spec ``name`` as an earlier run left it; False (nothing kept) when it is not there."""
