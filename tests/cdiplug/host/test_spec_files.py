@@ -74,9 +74,12 @@ async def test_a_dropped_file_stays_gone_and_the_guard_is_asked(tmp_path: Path) 
     keepers = SpecKeepers(tmp_path / "cdi")
     wanted = {"a": True, "b": False}
     asked: list[str] = []
+    b_asked = asyncio.Event()
 
     async def guard(name: str) -> bool:
         asked.append(name)
+        if name == b:
+            b_asked.set()
         return wanted[name.removeprefix("cdiplug-claim-").removesuffix(".json")]
 
     keepers.guard_files(guard)
@@ -88,7 +91,8 @@ async def test_a_dropped_file_stays_gone_and_the_guard_is_asked(tmp_path: Path) 
         (keepers.cdi_dir / b).unlink()  # its owner (another pod, say) removed it: not wanted
         (keepers.cdi_dir / a).unlink()
         await until(keepers.cdi_dir, lambda: holds(keepers.cdi_dir / a, CONTENT))
-        assert b in asked and not (keepers.cdi_dir / b).exists() and not (keepers.cdi_dir / c).exists()
+        await asyncio.wait_for(b_asked.wait(), DEADLINE)  # its owner was asked, and said no
+        assert not (keepers.cdi_dir / b).exists() and not (keepers.cdi_dir / c).exists()
         await keepers.keep_file(a, CONTENT)  # one more event round trip: c is still gone
         assert not (keepers.cdi_dir / c).exists()  # dropped: nobody keeps it
 
