@@ -36,7 +36,6 @@ MAX_MESSAGE = 1024  # characters of a failure's message (the API allows 32768; a
 MAX_DATA = 10 * 1024  # bytes of ``data`` as JSON: the API server's limit for it
 FIELD_MANAGER_PREFIX = "cdiplug-status-"
 WRITE_TIMEOUT = 5.0  # seconds a status write may take: the kubelet waits for the prepare's answer
-WRITERS = 4  # status writes of one driver at once: a burst of pods does not open a connection per claim
 
 
 @frozen
@@ -147,38 +146,3 @@ async def publish(
     except Exception as exc:  # a status is never worth a failed prepare
         log.warning("%s: cannot %s the device status of claim %s/%s: %r", driver, what, namespace, name, exc)
     return False
-
-
-class StatusWriter:
-    """A driver's claim status writes: in the background, so that the kubelet's answer never waits
-    for the API server; in order per claim (a clear never overtakes the write before it); at most
-    :data:`WRITERS` at once, a write asked for while an older one of the same claim still waits
-    replacing it (in a burst of pods a claim prepared and unprepared before its turn is written
-    once: only the last state of a claim matters); a failure is logged (:func:`publish`)."""
-
-    def __init__(self, client: Callable[[], KubeClient], driver: str) -> None:
-        self.client = client
-        self.driver = driver
-        self._wanted: dict[str, tuple[str, str, list[dict[str, Any]]]] = {}  # by claim UID: not begun yet
-        self._writers: dict[str, asyncio.Task[None]] = {}  # by claim UID: writes the claim's wanted status
-        self._slots = asyncio.Semaphore(WRITERS)
-
-    def write(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
-        """Make our entries of the claim's ``status.devices`` exactly ``entries``, after the writes before."""
-        self._wanted[uid] = (namespace, name, entries)
-        if uid not in self._writers:
-            self._writers[uid] = asyncio.create_task(self._write(uid), name=f"dra-status:{self.driver}:{uid}")
-
-    async def _write(self, uid: str) -> None:
-        try:
-            while uid in self._wanted:
-                async with self._slots:
-                    namespace, name, entries = self._wanted.pop(uid)  # the latest, taken once it can be written
-                    await publish(self.client, self.driver, namespace, name, uid, entries)
-        finally:
-            del self._writers[uid]  # no await since the loop's check: a write asked for now starts a new writer
-
-    async def settled(self) -> None:
-        """Until every write asked for so far has ended (tests; a clean stop)."""
-        while self._writers:
-            await asyncio.gather(*self._writers.values(), return_exceptions=True)

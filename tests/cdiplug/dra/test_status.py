@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cdiplug.dra import status
+from cdiplug.dra import status, statuswriter
 from cdiplug.errors import KubernetesError
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, Version
 
@@ -137,16 +137,16 @@ async def test_status_writes_are_bounded_in_order_and_a_waiting_one_is_replaced(
         async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
             self.busy += 1
             self.most = max(self.most, self.busy)
-            if self.busy == status.WRITERS:
+            if self.busy == statuswriter.WRITERS:
                 self.full.set()
             await self.gate.wait()
             self.busy -= 1
             return await super().apply_claim_status(namespace, name, body, manager)
 
     client = Gated()
-    writer = status.StatusWriter(lambda: client, "d.example.com")  # type: ignore[arg-type,return-value]
+    writer = statuswriter.StatusWriter(lambda: client, "d.example.com")  # type: ignore[arg-type,return-value]
     entry = [status.device_status("d.example.com", "n1", "dev", Device("dev"))]
-    claims = [f"c{i}" for i in range(status.WRITERS + 3)]
+    claims = [f"c{i}" for i in range(statuswriter.WRITERS + 3)]
     for name in claims:
         writer.write("ns", name, f"u-{name}", entry)
     late = claims[-1]
@@ -154,6 +154,6 @@ async def test_status_writes_are_bounded_in_order_and_a_waiting_one_is_replaced(
     await asyncio.wait_for(client.full.wait(), 5)  # every writer waits on the server
     client.gate.set()
     await asyncio.wait_for(writer.settled(), 5)
-    assert client.most == status.WRITERS
+    assert client.most == statuswriter.WRITERS
     written = {name: bool(body["status"]) for _, name, body, _ in client.calls}
     assert len(client.calls) == len(claims) and written[late] is False and all(written[n] for n in claims[:-1])
