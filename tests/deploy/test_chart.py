@@ -89,7 +89,7 @@ def test_rendered_objects_are_valid_and_cdiplug_accepts_the_command_line(name: s
 @pytest.mark.parametrize("name", NAMES)
 def test_device_classes_and_rbac_name_exactly_the_drivers(name: str) -> None:
     objects = example(name)
-    drivers = {r.dra_driver for r in all_resources(objects, name) if r.api is Api.DRA}
+    drivers = {r.settings.dra_driver for r in all_resources(objects, name) if r.api is Api.DRA}
     classes = find(objects, "DeviceClass")
     assert {c["metadata"]["name"] for c in classes} == drivers
     for c in classes:
