@@ -19,14 +19,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cdiplug.cli import KUBECONFIG_HELP, add_config_option, add_option
+from cdiplug.cli import KUBECONFIG_HELP, add_config_option, add_log_level, add_option
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "webhook",
         help="serve the admission webhook that refuses bad claim configuration for our DRA drivers",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=(
+            "Serve POST /validate over HTTPS for the API server: a ResourceClaim, ResourceClaimTemplate or DeviceClass "
+            "whose opaque configuration for one of the configured DRA drivers is wrong is refused with the message "
+            "its prepare would give. The drivers come from the configuration file (every named configuration), "
+            "DeviceClasses are read to merge a request's class configuration. Exit status: 0 after SIGTERM or "
+            "SIGINT, 2 for a bad configuration or certificate."
+        ),
     )
     add_config_option(parser)
     add_option(parser, "--address", "0.0.0.0:9443", help="HOST:PORT to serve HTTPS on")
@@ -34,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_option(parser, "--tls-private-key-file", help="its private key (PEM)")
     add_option(parser, "--kubeconfig", help=KUBECONFIG_HELP + "; only DeviceClasses are read")
     add_option(parser, "--log-format", "text", choices=("text", "json"), help="log lines as text or JSON")
+    add_log_level(parser, "info")
     parser.set_defaults(func=run)
 
 
@@ -67,9 +74,8 @@ def drivers_of(config_path: str | None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from cdiplug.errors import ConfigError
     from cdiplug.telemetry.metrics import parse_address
-    from cdiplug.toolkit.logs import setup_logging
 
-    setup_logging(args.log_format)
+    # Logging is set up by cdiplug.cli.main (--log-format, --log-level).
     if not args.tls_cert_file or not args.tls_private_key_file:
         raise ConfigError("--tls-cert-file and --tls-private-key-file are required (the API server calls webhooks over HTTPS)")
     host, port = parse_address(args.address)
