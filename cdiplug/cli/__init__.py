@@ -156,14 +156,27 @@ def describe(doc: str | None, paragraph: int = 0) -> str:
 KUBECONFIG_HELP = "kubeconfig file; without it, as kubectl: $KUBECONFIG, ~/.kube/config, then the in-cluster service account"
 
 
-def add_dra_options(parser: argparse.ArgumentParser) -> None:
-    """The node and folders DRA needs (resources with ``api: dra``)."""
-    add_option(parser, "--node-name", help="this node's name (default $NODE_NAME, else the host name)")
-    add_path_option(parser, "--kubeconfig", absolute=False, help=KUBECONFIG_HELP)
+def add_plugin_folders(parser: argparse.ArgumentParser) -> None:
+    """The kubelet's plugin registration and plugins folders (DRA sockets)."""
     add_path_option(
         parser, "--plugins-registry-dir", world_default("plugins_registry_dir"), help="kubelet plugin registration folder"
     )
     add_path_option(parser, "--plugins-dir", world_default("plugins_dir"), help="kubelet plugins folder (DRA sockets)")
+
+
+def add_configuration_options(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and ``--configuration`` (which named configuration of the file)."""
+    add_config_option(parser)
+    parser.add_argument(
+        "--configuration", metavar="NAME", help="the named configuration to use (as the node label cdiplug.dev/config chooses)"
+    )
+
+
+def add_dra_options(parser: argparse.ArgumentParser) -> None:
+    """The node and folders DRA needs (resources with ``api: dra``)."""
+    add_option(parser, "--node-name", help="this node's name (default $NODE_NAME, else the host name)")
+    add_path_option(parser, "--kubeconfig", absolute=False, help=KUBECONFIG_HELP)
+    add_plugin_folders(parser)
     add_option(
         parser,
         "--pod-uid",

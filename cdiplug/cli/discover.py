@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from cdiplug.backend import Abilities
-from cdiplug.cli import BACKEND_WORLD, add_config_option, add_log_level, add_world_options, describe, world_from_args
+from cdiplug.cli import BACKEND_WORLD, add_configuration_options, add_log_level, add_world_options, describe, world_from_args
 from cdiplug.config import Config
 from cdiplug.errors import BackendError
 from cdiplug.models.devices import Device, DeviceSnapshot
@@ -39,10 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="show what every resource would advertise, and why devices are skipped",
         description=describe(__doc__, 1),
     )
-    add_config_option(parser)
-    parser.add_argument(
-        "--configuration", metavar="NAME", help="the named configuration to show (as the node label cdiplug.dev/config chooses)"
-    )
+    add_configuration_options(parser)
     add_world_options(parser, BACKEND_WORLD)
     parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
     add_log_level(parser)

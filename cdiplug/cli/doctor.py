@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 from cdiplug.cli import (
-    add_config_option,
+    add_configuration_options,
     add_log_level,
     add_path_option,
+    add_plugin_folders,
     add_world_options,
     describe,
-    world_default,
     world_from_args,
 )
 
@@ -35,13 +35,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="check that this node has what cdiplug needs, and how to fix what it lacks",
         description=describe(__doc__, 1),
     )
-    add_config_option(parser)
-    parser.add_argument("--configuration", metavar="NAME", help="the named configuration to check (default: default)")
+    add_configuration_options(parser)
     add_world_options(parser)
-    add_path_option(
-        parser, "--plugins-registry-dir", world_default("plugins_registry_dir"), help="kubelet plugin registration folder"
-    )
-    add_path_option(parser, "--plugins-dir", world_default("plugins_dir"), help="kubelet plugins folder (DRA sockets)")
+    add_plugin_folders(parser)
     add_path_option(
         parser,
         "--containerd-config",

@@ -19,26 +19,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cdiplug.cli import KUBECONFIG_HELP, add_config_option, add_log_level, add_option
+from cdiplug.cli import KUBECONFIG_HELP, add_config_option, add_log_level, add_option, add_path_option, describe
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "webhook",
         help="serve the admission webhook that refuses bad claim configuration for our DRA drivers",
-        description=(
-            "Serve POST /validate over HTTPS for the API server: a ResourceClaim, ResourceClaimTemplate or DeviceClass "
-            "whose opaque configuration for one of the configured DRA drivers is wrong is refused with the message "
-            "its prepare would give. The drivers come from the configuration file (every named configuration), "
-            "DeviceClasses are read to merge a request's class configuration. Exit status: 0 after SIGTERM or "
-            "SIGINT, 2 for a bad configuration or certificate."
-        ),
+        description=describe(__doc__, 1),
     )
     add_config_option(parser)
     add_option(parser, "--address", "0.0.0.0:9443", help="HOST:PORT to serve HTTPS on")
-    add_option(parser, "--tls-cert-file", help="the serving certificate (PEM); re-read when it changes")
-    add_option(parser, "--tls-private-key-file", help="its private key (PEM)")
-    add_option(parser, "--kubeconfig", help=KUBECONFIG_HELP + "; only DeviceClasses are read")
+    add_path_option(parser, "--tls-cert-file", absolute=False, help="the serving certificate (PEM); re-read when it changes")
+    add_path_option(parser, "--tls-private-key-file", absolute=False, help="its private key (PEM)")
+    add_path_option(parser, "--kubeconfig", absolute=False, help=KUBECONFIG_HELP + "; only DeviceClasses are read")
     add_option(parser, "--log-format", "text", choices=("text", "json"), help="log lines as text or JSON")
     add_log_level(parser, "info")
     parser.set_defaults(func=run)
@@ -49,6 +43,7 @@ def drivers_of(config_path: str | None) -> dict[str, Any]:
     from cdiplug.backend import abilities_of, load_plugins
     from cdiplug.config import load_config
     from cdiplug.dra.admission import Driver
+    from cdiplug.dra.settings import driver_of
     from cdiplug.models.resource import Api
     from cdiplug.models.world import World
 
@@ -60,14 +55,14 @@ def drivers_of(config_path: str | None) -> dict[str, Any]:
     for config in configs:
         by_backend: dict[str, list[Any]] = {}
         for r in config.resources:
-            if r.api == Api.DRA and r.dra_driver not in out:
+            if r.api == Api.DRA and driver_of(r) not in out:
                 by_backend.setdefault(r.backend, []).append(r)
         for backend_name, resources in by_backend.items():
             # Created, never run: only its claim configuration class is asked for.
             backend = plugins[backend_name].create(resources, world)
             configurable = abilities_of(backend).configurable
             for r in resources:
-                out.setdefault(r.dra_driver, Driver(r.name, configurable))
+                out.setdefault(driver_of(r), Driver(r.name, configurable))
     return out
 
 
@@ -75,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from cdiplug.errors import ConfigError
     from cdiplug.telemetry.metrics import parse_address
 
-    # Logging is set up by cdiplug.cli.main (--log-format, --log-level).
+    # logging is set up by cdiplug.cli.main (--log-format, --log-level)
     if not args.tls_cert_file or not args.tls_private_key_file:
         raise ConfigError("--tls-cert-file and --tls-private-key-file are required (the API server calls webhooks over HTTPS)")
     host, port = parse_address(args.address)

@@ -36,7 +36,7 @@ as a DRA driver:
 What a claim means is planned once (:class:`~cdiplug.dra.plan.ClaimPlan`, every check that can
 fail it before anything is touched) and carried out by :func:`~cdiplug.dra.plan.materialize`,
 the one step a prepare and a restore share; the claim's status is written by
-:class:`~cdiplug.dra.status.StatusWriter`.
+:class:`~cdiplug.dra.statuswriter.StatusWriter`.
 
 Why roll back at start rather than after a grace period: a started claim was never answered as
 prepared, so no container holds its devices and releasing them is safe; the kubelet retries an
@@ -74,6 +74,8 @@ from cdiplug.dra.handler import ClaimHandler
 from cdiplug.dra.plan import ClaimPlan, Planner, materialize, no_step, read_claim
 from cdiplug.dra.restore import Restorer
 from cdiplug.dra.rollback import Step, undo
+from cdiplug.dra.settings import driver_of, settings_of
+from cdiplug.dra.statuswriter import StatusWriter
 from cdiplug.errors import DeviceUnavailable, InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
@@ -119,7 +121,7 @@ class ClaimPreparer(ClaimHandler):
     ) -> None:
         self.resource = resource
         self.plugins_dir = plugins_dir  # device metadata (``device_metadata: true``) goes below it
-        self.driver = resource.dra_driver
+        self.driver = driver_of(resource)
         self.node = node
         self.host = host
         self.store = store
@@ -130,7 +132,7 @@ class ClaimPreparer(ClaimHandler):
         self.boot_id = boot_id
         self.instance = instance  # our pod UID, recorded as the owner of what we start preparing
         self._locks: KeyedLock[str] = KeyedLock()
-        self._status = status.StatusWriter(client, self.driver)
+        self._status = StatusWriter(client, self.driver)
         self._restorer = Restorer(store, self.driver, self.cdi_dir, boot_id, self._locks, self._respec)
         self._drain = Drain(store, self.driver)
         self._known = asyncio.Event()  # set by devices_known(): the backend has reported
@@ -165,7 +167,7 @@ class ClaimPreparer(ClaimHandler):
     def _planner(self) -> Planner:
         """Planned with the resource as configured now (a reload may change it) and its backend's abilities."""
         rc = self.resource
-        metadata_dir = self.plugins_dir if rc.device_metadata else None
+        metadata_dir = self.plugins_dir if settings_of(rc).device_metadata else None
         return Planner(self.driver, rc.name, self.node, self._configurable(), metadata_dir, self.boot_id, self.instance)
 
     # -- prepare --
@@ -238,7 +240,7 @@ class ClaimPreparer(ClaimHandler):
         return await materialize(plan, preparations, self._configurable(), self.cdi_dir, step)
 
     def _write_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        """Our entries of the claim's ``status.devices`` (KEP-4817), in the background (:class:`~.status.StatusWriter`)."""
+        """Our entries of the claim's ``status.devices`` (KEP-4817), in the background (:class:`~.statuswriter.StatusWriter`)."""
         self._status.write(ref.namespace, ref.name, ref.uid, entries)
 
     async def status_settled(self) -> None:

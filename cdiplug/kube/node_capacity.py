@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cdiplug.errors import CdiplugError, KubernetesError
 from cdiplug.kube.credentials import Credentials
@@ -124,8 +124,8 @@ class NodeCapacity:
             raise NodeCapacityError(self._explain(exc, where, verb)) from exc
         finally:
             await client.close()
-        capacity: Any = (answer.get("status") or {}).get("capacity")
-        if not isinstance(capacity, Mapping):
+        capacity = answer.status.capacity if answer.status is not None else None
+        if capacity is None:
             raise NodeCapacityError(f"the API server answered for {where} without status.capacity")
         return {str(k): str(v) for k, v in capacity.items()}
 
@@ -142,4 +142,6 @@ class NodeCapacity:
             return f"{where}: unauthorized, the API server rejected the credentials ({message})"
         if exc.status == 422 and verb == "remove":
             return f"{where}: cannot remove, most likely a named resource is not in its capacity ({message})"
+        if message.startswith(f"HTTP {exc.status}"):  # an answer that is no Kubernetes Status: the client's words
+            return f"{where}: {message}"
         return f"{where}: HTTP {exc.status} ({message})"
