@@ -11,11 +11,9 @@ an unprepare, where the test hook (``CDIPLUG_DRA_PAUSE_AFTER``) can stop.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cdiplug.dra import claimspec
@@ -45,7 +43,6 @@ async def undo(
     record: PreparedClaim,
     host: BackendHost,
     store: ClaimStore,
-    cdi_dir: Path,
     step: Callable[[Step, str], Any] = _no_step,
 ) -> None:
     """Remove the claim's spec, release its devices through the host, forget the claim: in that order.
@@ -54,7 +51,7 @@ async def undo(
     prepared. Raises (keeping the record) when the backend cannot release.
     """
     if record.spec_file:
-        await asyncio.to_thread(claimspec.remove, cdi_dir, record.uid)
+        await claimspec.remove(host.specs, record.uid)
     await step(Step.SPEC_REMOVED, record.uid)
     await _release(record, host, store)
     await step(Step.RELEASED, record.uid)
@@ -83,9 +80,7 @@ async def _release(record: PreparedClaim, host: BackendHost, store: ClaimStore) 
     await preparations.release(record.resource, devices)
 
 
-async def roll_back_started(
-    store: ClaimStore, host: BackendHost, cdi_dir: Path, alive: Callable[[str], bool] = lambda owner: False
-) -> int:
+async def roll_back_started(store: ClaimStore, host: BackendHost, alive: Callable[[str], bool] = lambda owner: False) -> int:
     """At start, before any driver serves: undo every claim left ``PrepareStarted``; how many were.
 
     A claim whose owner is ``alive`` (the other daemon of a rolling update, preparing it now) is
@@ -115,7 +110,7 @@ async def roll_back_started(
             )
             continue
         try:
-            await undo(record, host, store, cdi_dir)
+            await undo(record, host, store)
         except Exception as exc:
             log.error("cannot roll back claim %s/%s (%s), left half prepared: %s", record.namespace, record.name, record.uid, exc)
             continue
