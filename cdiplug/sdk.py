@@ -44,7 +44,6 @@ from cdiplug.backend import (
     Unpreparer,
     run_tasks,
 )
-from cdiplug.config import converter, register_enum
 from cdiplug.errors import (
     BackendError,
     BackendInitError,
@@ -85,6 +84,7 @@ from cdiplug.toolkit.brief import brief
 from cdiplug.toolkit.files import CONFIG_LIMIT, STATE_LIMIT, decode_text, read_bounded, read_text
 from cdiplug.toolkit.filewatch import FOLDER, FolderWatch
 from cdiplug.toolkit.safeload import load_json, load_yaml
+from cdiplug.toolkit.strict import converter, register_enum
 from cdiplug.toolkit.udev import FakeUdevMonitor, UdevEvent, UdevMonitor, UdevWatch, close_monitor, open_monitor
 
 __all__ = [
