@@ -32,8 +32,10 @@ from cdiplug.dra.rollback import Step
 from cdiplug.dra.slices import names_to_ids
 from cdiplug.errors import DeviceUnavailable
 from cdiplug.host.preparations import Preparations
+from cdiplug.host.specs import SpecKeepers
 from cdiplug.kube.client import KubeClient
 from cdiplug.models.devices import Device, DeviceSnapshot, Mount
+from cdiplug.models.instance import Instance
 
 
 @frozen
@@ -92,6 +94,7 @@ class Planner:
     metadata_dir: Path | None = None  # device metadata (``device_metadata: true``) go below it
     boot_id: str | None = None
     instance: str = ""  # the pod UID of this daemon: the owner of what it starts preparing
+    names: Instance = Instance()  # of the files of this cdiplug instance (its claim specs)
 
     def fresh(self, read: ReadClaim, snapshot: DeviceSnapshot | None) -> ClaimPlan:
         """The plan of a claim the kubelet asks us to prepare; DeviceUnavailable or InvalidRequest
@@ -174,7 +177,7 @@ class Planner:
             self.driver,
             self.resource,
             devices,
-            claimspec.file_name(ref.uid),
+            claimspec.file_name(self.names, ref.uid),
             ClaimState.STARTED,
             claim.configs,
             self.boot_id,
@@ -190,7 +193,7 @@ async def materialize(
     plan: ClaimPlan,
     preparations: Preparations,
     configurable: ClaimConfigurable[Any] | None,
-    cdi_dir: Path,
+    specs: SpecKeepers,
     step: Callable[[Step, str], Awaitable[None]] = no_step,
 ) -> list[tuple[str, Device]]:
     """Carry ``plan`` out: its devices prepared through the host (idempotent), its device metadata
@@ -208,7 +211,7 @@ async def materialize(
     if plan.metadata_dir is not None:
         by_device = {d.device: device for d, (_, device) in zip(record.devices, devices)}
         await asyncio.to_thread(metadata.write, plan.metadata_dir, record, by_device, plan.pod_claim)
-    await asyncio.to_thread(claimspec.write, cdi_dir, record.uid, content)
+    await claimspec.write(specs, record.uid, content)
     await step(Step.SPEC, record.uid)
     return devices
 

@@ -46,7 +46,6 @@ async def undo(
     record: PreparedClaim,
     host: BackendHost,
     store: ClaimStore,
-    cdi_dir: Path,
     step: Callable[[Step, str], Any] = _no_step,
     plugins_dir: Path | None = None,
 ) -> None:
@@ -60,7 +59,7 @@ async def undo(
     if plugins_dir is not None:
         await _remove_metadata(record, plugins_dir)
     if record.spec_file:
-        await asyncio.to_thread(claimspec.remove, cdi_dir, record.uid)
+        await claimspec.remove(host.specs, record.uid)
     await step(Step.SPEC_REMOVED, record.uid)
     await _release(record, host, store)
     await step(Step.RELEASED, record.uid)
@@ -99,9 +98,7 @@ async def _release(record: PreparedClaim, host: BackendHost, store: ClaimStore) 
     await preparations.release(record.resource, devices)
 
 
-async def roll_back_started(
-    store: ClaimStore, host: BackendHost, cdi_dir: Path, alive: Callable[[str], bool] = lambda owner: False
-) -> int:
+async def roll_back_started(store: ClaimStore, host: BackendHost, alive: Callable[[str], bool] = lambda owner: False) -> int:
     """At start, before any driver serves: undo every claim left ``PrepareStarted``; how many were.
 
     A claim whose owner is ``alive`` (the other daemon of a rolling update, preparing it now) is
@@ -131,7 +128,7 @@ async def roll_back_started(
             )
             continue
         try:
-            await undo(record, host, store, cdi_dir)
+            await undo(record, host, store)
         except Exception as exc:
             log.error("cannot roll back claim %s/%s (%s), left half prepared: %s", record.namespace, record.name, record.uid, exc)
             continue

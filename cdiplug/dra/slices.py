@@ -271,8 +271,3 @@ def slice_body(
 def names_to_ids(devices: Iterable[Device]) -> dict[str, str]:
     """Slice device name -> device ID, for reading allocations back."""
     return {dns_label_for(d.id): d.id for d in devices}
-
-
-def has_taints(body: Mapping[str, Any]) -> bool:
-    """Whether any device of a slice object (as the server returned it) carries a taint."""
-    return any(d.get("taints") for d in body.get("spec", {}).get("devices") or ())
