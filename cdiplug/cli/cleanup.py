@@ -10,8 +10,8 @@ its resource claims (the daemon has stopped), then, touching only what the insta
 2. the instance's CDI specs (resource and claim specs, temporary files) are removed;
 3. the sockets of the resources and DRA drivers it served (the claims in ``<state-dir>/owners``
    name them), when nobody answers on them, and its DRA drivers' folders below ``--plugins-dir``;
-4. its state folder (the default instance: everything in ``--state-dir`` but other instances'
-   folders and the claims), then its claims.
+4. its state folder (the default instance: its files at the top of ``--state-dir``, nothing
+   else there), then its claims.
 
 ResourceSlices and node labels are the API server's: a DRA driver's slices and the labels of
 resources no instance serves go when the Helm release's objects do, or with
@@ -35,11 +35,16 @@ from pathlib import Path
 
 from cdiplug.cli import add_dra_options, add_log_level, add_option, add_world_options, world_from_args
 from cdiplug.errors import CdiplugError, ConfigError
-from cdiplug.models.instance import DRA_DRIVER, INSTANCES_FOLDER, OWNERS_FOLDER, RESOURCE, owners_dir
+from cdiplug.models.instance import DRA_DRIVER, RESOURCE, owners_dir
 from cdiplug.models.names import socket_name
 from cdiplug.models.world import World
 
 DEFAULT_WAIT = 120.0
+# What the default instance keeps at the top of --state-dir (beside other instances' folders and
+# the claims): the PCI journal, the DRA rolling-update locks, the DRA checkpoint with its lock,
+# temporary files and copies set aside.
+DEFAULT_STATE = ("pci", "dra-instances")
+DEFAULT_STATE_PREFIXES = ("dra-claims.json", ".dra-claims.json")
 POLL = 0.2
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -164,8 +169,8 @@ class Cleanup:
             entries = sorted(os.listdir(own))
         except OSError:
             return
-        for name in entries:
-            if name not in (INSTANCES_FOLDER, OWNERS_FOLDER):  # other instances' and everyone's claims
+        for name in entries:  # only what the default instance writes: the folder may hold anything else
+            if name in DEFAULT_STATE or any(name.startswith(p) for p in DEFAULT_STATE_PREFIXES):
                 self._remove(own / name)
 
     def release_claims(self, claims: list[tuple[Path, str, str]]) -> None:

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import attrs
+import pytest
 import yaml
 
 from cdiplug.models.instance import Instance
@@ -31,6 +32,8 @@ from cdiplug.models.names import socket_name
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
 from cdiplug.testing.process import DaemonProcess, daemon_process
+
+pytestmark = pytest.mark.slow  # nine daemon processes, about 25 s: the full run has it, --fast leaves it out
 
 FPGA = "example.com/fpga"
 DONGLE = "example.com/dongle"

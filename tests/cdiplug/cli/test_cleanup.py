@@ -34,6 +34,7 @@ def lay_out(world: World, resource: str, driver: str) -> list[Path]:
     names = world.names
     files = [
         world.cdi_dir / names.resource_spec(resource),
+        world.own_state_dir / "dra-claims.json.lock",
         world.cdi_dir / names.claim_spec(UID),
         world.cdi_dir / f".{names.resource_spec(resource)}.1.2.tmp",
         world.own_state_dir / "dra-claims.json",
@@ -77,6 +78,8 @@ def test_cleanup_removes_one_instances_files_only(
     two: tuple[World, World], which: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     default, blue = two
+    unrelated = default.state_dir / "someone-elses.txt"  # a --state-dir shared with other software
+    unrelated.write_text("x")
     theirs = {0: lay_out(default, "example.com/fpga", "fpga.example.com"), 1: lay_out(blue, "example.com/nic", "nic.example.com")}
     target = two[which]
     assert main(args(target)) == 0
@@ -84,6 +87,7 @@ def test_cleanup_removes_one_instances_files_only(
     assert "nothing of it is left on this node" in out
     assert [p for p in theirs[which] if p.exists() or p.is_symlink()] == []
     assert [p for p in theirs[1 - which] if not p.exists()] == []
+    assert unrelated.read_text() == "x"
     other_claims = [p for p in (default.state_dir / "owners").iterdir() if not p.name.startswith(".")]
     assert len(other_claims) == 2  # the other instance's resource and driver
 
