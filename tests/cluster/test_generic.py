@@ -13,6 +13,8 @@ by the lead only: ``pytest -m cluster tests/cluster/test_generic.py``.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,13 +64,15 @@ def kustomization(folder: Path) -> Path:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": NAMESPACE,
-        "resources": [str(TEST_OVERLAY), "deviceclass.yaml"],
+        # kustomize takes only relative roots and paths
+        "resources": [os.path.relpath(TEST_OVERLAY, folder), "deviceclass.yaml"],
         "configMapGenerator": [{"name": "cdiplug-config", "behavior": "replace", "files": ["config.yaml"]}],
         "patches": [
-            {"path": str(HERE / "overlays" / "generic" / "daemonset-patch.yaml")},
+            {"path": "daemonset-patch.yaml"},
             {"path": "rbac-patch.yaml", "target": {"kind": "ClusterRole", "name": "cdiplug-dra"}},
         ],
     }
+    shutil.copy(HERE / "overlays" / "generic" / "daemonset-patch.yaml", folder / "daemonset-patch.yaml")
     (folder / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     return folder
 
