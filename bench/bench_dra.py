@@ -7,6 +7,11 @@ Against the stand-ins of ``cdiplug.testing`` (real gRPC over unix sockets, real 
   resource as a DRA driver; ``--claims`` (50) ResourceClaims of one device each, prepared one
   after the other over ``v1.DRAPlugin`` (API read, preparation, CDI spec, checkpoint), then
   unprepared (spec removed, release, checkpoint);
+- ``prepare_cN_ms_p50/p99``, ``unprepare_cN_ms_p50/p99`` for N in ``--concurrency`` (1, 8, 64):
+  N claims prepared at once, each in its own ``NodePrepareResources`` call (as the kubelet calls
+  per pod), then unprepared at once, ``--rounds`` (8) times; ``burst_cN_s`` the median wall time
+  of one such round; ``rss_mib_before_bursts`` / ``rss_mib_after_bursts``: this process's
+  ``VmRSS`` (daemon and stand-ins) before the first round and after the last;
 - ``slice_build_ms``: building the slice bodies of ``--devices`` (4096) devices (pure);
 - ``slice_publish_s``: the publisher's first publish of those devices to the API stand-in
   (``--devices`` / 128 slices created) until the last write is answered;
@@ -15,7 +20,7 @@ Against the stand-ins of ``cdiplug.testing`` (real gRPC over unix sockets, real 
 
 The caller (kubelet stand-in) and the API stand-in are Python in the same process and event loop
 as the daemon: the figures are upper bounds of what the daemon itself costs.
-Run: ``python bench/bench_dra.py [--claims 50] [--devices 4096]``.
+Run: ``python bench/bench_dra.py [--claims 50] [--devices 4096] [--concurrency 1,8,64] [--rounds 8]``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,52 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def timed(call: Any) -> float:
+    started = time.perf_counter()
+    await call
+    return (time.perf_counter() - started) * 1000
+
+
+async def burst_figures(conn: Any, refs: list[ClaimRef], levels: list[int], rounds: int) -> dict[str, float]:
+    """Per level N: N claims prepared at once (one call each), then unprepared at once, ``rounds`` times."""
+    figures: dict[str, float] = {"rss_mib_before_bursts": rss_mib()}
+
+    async def prepare(ref: ClaimRef) -> None:
+        answer = await conn.prepare([ref])
+        if answer[ref.uid].error:
+            raise SystemExit(f"prepare failed: {answer[ref.uid].error}")
+
+    async def unprepare(ref: ClaimRef) -> None:
+        errors = await conn.unprepare([ref])
+        if errors[ref.uid]:
+            raise SystemExit(f"unprepare failed: {errors[ref.uid]}")
+
+    for n in levels:
+        prepared: list[float] = []
+        unprepared: list[float] = []
+        walls: list[float] = []
+        for _ in range(rounds):
+            batch = refs[:n]
+            started = time.perf_counter()
+            prepared += await asyncio.gather(*(timed(prepare(r)) for r in batch))
+            walls.append(time.perf_counter() - started)
+            unprepared += await asyncio.gather(*(timed(unprepare(r)) for r in batch))
+        figures[f"prepare_c{n}_ms_p50"] = round(statistics.median(prepared), 2)
+        figures[f"prepare_c{n}_ms_p99"] = round(percentile(prepared, 0.99), 2)
+        figures[f"unprepare_c{n}_ms_p50"] = round(statistics.median(unprepared), 2)
+        figures[f"unprepare_c{n}_ms_p99"] = round(percentile(unprepared, 0.99), 2)
+        figures[f"burst_c{n}_s"] = round(statistics.median(walls), 4)
+    figures["rss_mib_after_bursts"] = rss_mib()
+    return figures
+
+
 def claim(i: int) -> dict[str, Any]:
     uid = f"00000000-0000-4000-8000-{i:012d}"
     return {
@@ -63,9 +114,10 @@ def claim(i: int) -> dict[str, Any]:
     }
 
 
-async def prepare_figures(folder: Path, claims: int) -> dict[str, float]:
+async def prepare_figures(folder: Path, claims: int, levels: list[int], rounds: int) -> dict[str, float]:
+    count = max(claims, *levels)
     config = parse_config(
-        {"resources": [{"name": "example.com/fpga", "backend": "fake", "api": "dra", "options": {"count": claims}}]},
+        {"resources": [{"name": "example.com/fpga", "backend": "fake", "api": "dra", "options": {"count": count}}]},
         source="bench_dra",
     )
     async with ApiServerStandIn() as api:
@@ -83,26 +135,28 @@ async def prepare_figures(folder: Path, claims: int) -> dict[str, float]:
             kubeconfig=api.kubeconfig(folder / "kubeconfig"),
         )
         refs = []
-        for i in range(claims):
+        for i in range(count):
             obj = api.put_claim(claim(i))
             refs.append(ClaimRef("default", obj["metadata"]["name"], obj["metadata"]["uid"]))
         async with DraKubeletStandIn(world.plugins_registry_dir) as kubelet, running_daemon(config, world):
             conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), TIMEOUT)
             await asyncio.wait_for(api.wait_for(lambda: bool(api.slices(spec__driver=DRIVER))), TIMEOUT)
             prepare, unprepare = [], []
-            for ref in refs:
+            for ref in refs[:claims]:
                 started = time.perf_counter()
                 answer = await conn.prepare([ref])
                 prepare.append((time.perf_counter() - started) * 1000)
                 if answer[ref.uid].error:
                     raise SystemExit(f"prepare failed: {answer[ref.uid].error}")
-            for ref in refs:
+            for ref in refs[:claims]:
                 started = time.perf_counter()
                 errors = await conn.unprepare([ref])
                 unprepare.append((time.perf_counter() - started) * 1000)
                 if errors[ref.uid]:
                     raise SystemExit(f"unprepare failed: {errors[ref.uid]}")
+            bursts = await burst_figures(conn, refs, levels, rounds)
     return {
+        **bursts,
         "claims": claims,
         "prepare_ms_p50": round(statistics.median(prepare), 2),
         "prepare_ms_p99": round(percentile(prepare, 0.99), 2),
@@ -159,7 +213,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for name in ("kubelet", "cdi", "state", "sys"):
             (folder / name).mkdir()
         figures: dict[str, Any] = {}
-        figures.update(await prepare_figures(folder, args.claims))
+        figures.update(await prepare_figures(folder, args.claims, [int(n) for n in args.concurrency.split(",")], args.rounds))
         figures.update(await slice_figures(folder, args.devices))
         return figures
     finally:
@@ -170,4 +224,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=50, help="claims prepared and unprepared (default 50)")
     parser.add_argument("--devices", type=int, default=4096, help="devices published in slices (default 4096)")
+    parser.add_argument("--concurrency", default="1,8,64", help="claims prepared at once, per level (default 1,8,64)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per concurrency level (default 8)")
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))

@@ -27,7 +27,14 @@ For ``--pods`` rounds, a pod with a ResourceClaimTemplate of each kind is made f
   over the peer's (the floor measured in the same run);
 - ``<kind>_prepare_ms_mean``: NodePrepareResources as the kubelet times it
   (``dra_grpc_operations_duration_seconds`` of its /metrics, sum over count, per driver): the
-  time the driver adds to a pod's start. Goal: cdiplug within 1.1x of the Go driver.
+  time the driver adds to a pod's start. Goal: cdiplug within 1.1x of the Go driver;
+- ``<kind>_unprepare_ms_mean``: NodeUnprepareResources the same way. Goal: within 1.3x;
+- ``burst_ready_s`` / ``burst_gone_s`` (``--burst`` pods, 50; 0 skips it): that many pods with a
+  claim of one device each made at once (one apply) per side, each side in turn on a driver of
+  its own with that many devices: made -> every pod Ready, and deleted -> every pod gone and
+  every claim unprepared and removed. Goal: within 1.1x;
+- ``burst_rss_mib``: the driver process's ``VmRSS`` after the burst (cdiplug's one process; the
+  peer's process of the burst driver), and ``burst_rss_growth_mib`` over its RSS before it.
 
 ``CDIPLUG_BENCH_KEEP=1`` keeps the temporary folder (the drivers' log, cdiplug's state).
 
@@ -57,7 +64,9 @@ PEER_XZ = Path(os.environ.get("CDIPLUG_PEERS", REPO.parent / "shared" / "peers")
 NAMESPACE = "cdiplug-bench"
 OURS, PEER = "cdiplug", "dra-example-driver"
 PREPARE = "NodePrepareResources"
+UNPREPARE = "NodeUnprepareResources"
 KINDS = ("plain", "configured", "shared", "partition")
+BURST = "burst"  # the burst's driver on each side: plain devices, as many as --burst pods
 # The driver each side serves each kind with: cdiplug's fake backend (one process, a resource per
 # driver) and the peer's gpu profile (a process per driver: its flags are per process).
 DRIVERS = {
@@ -66,12 +75,14 @@ DRIVERS = {
         "configured": "conf.bench.example.com",
         "shared": "share.bench.example.com",
         "partition": "part.bench.example.com",
+        BURST: "burst.bench.example.com",
     },
     PEER: {
         "plain": "gpu.example.com",
         "configured": "conf.example.com",
         "shared": "share.example.com",
         "partition": "part.example.com",
+        BURST: "burst.example.com",
     },
 }
 PEER_FLAGS = {
@@ -79,6 +90,7 @@ PEER_FLAGS = {
     "configured": [],
     "shared": ["--gpu-allow-multiple-allocations"],
     "partition": ["--gpu-partitions", "2"],
+    BURST: [],
 }
 OUR_RESOURCES = [
     {"name": "bench.example.com/dev", "options": {"count": 4}, "dra_driver": DRIVERS[OURS]["plain"]},
@@ -191,14 +203,14 @@ def claim_pod(name: str, side: str, kind: str) -> list[dict[str, Any]]:
     return [template, pod]
 
 
-def kubelet_prepare(kubeconfig: Path, node: str) -> dict[str, tuple[float, int]]:
-    """(sum of seconds, count) of successful NodePrepareResources per driver, from the kubelet's /metrics."""
+def kubelet_ops(kubeconfig: Path, node: str, operation: str) -> dict[str, tuple[float, int]]:
+    """(sum of seconds, count) of successful ``operation`` calls per driver, from the kubelet's /metrics."""
     text = kubectl(kubeconfig, "get", "--raw", f"/api/v1/nodes/{node}/proxy/metrics")
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
         if (
             not line.startswith("dra_grpc_operations_duration_seconds_")
-            or PREPARE not in line
+            or f'"{operation}"' not in line
             or 'grpc_status_code="OK"' not in line
         ):
             continue
@@ -213,19 +225,22 @@ def kubelet_prepare(kubeconfig: Path, node: str) -> dict[str, tuple[float, int]]
 
 
 @contextmanager
-def drivers(kubeconfig: Path, node: str, folder: Path) -> Iterator[None]:
-    """cdiplug and the peer running on the node until the block ends."""
+def drivers(kubeconfig: Path, node: str, folder: Path, burst: int) -> Iterator[dict[str, int]]:
+    """cdiplug and the peer running on the node until the block ends; the process IDs of
+    cdiplug and of the peer's burst driver."""
     peer = folder / "dra-example-kubeletplugin"
     peer.write_bytes(lzma.decompress(PEER_XZ.read_bytes()))
     peer.chmod(0o700)
     config = folder / "cdiplug.yaml"
-    config.write_text(json.dumps({"resources": [{"backend": "fake", "api": "dra", **r} for r in OUR_RESOURCES]}))
+    burst_resource = {"name": "bench.example.com/burst", "options": {"count": max(burst, 1)}, "dra_driver": DRIVERS[OURS][BURST]}
+    resources = [{"backend": "fake", "api": "dra", **r} for r in [*OUR_RESOURCES, burst_resource]]
+    config.write_text(json.dumps({"resources": resources}))
     common = {"stdout": subprocess.DEVNULL, "stderr": open(folder / "drivers.log", "wb")}  # closed with the processes
     peers = [
         [str(peer), "--node-name", node, "--kubeconfig", str(kubeconfig), "--cdi-root", "/var/run/cdi",
-         "--num-devices", "2" if kind in ("shared", "partition") else "4", "--driver-name", DRIVERS[PEER][kind],
-         *PEER_FLAGS[kind]]
-        for kind in KINDS
+         "--num-devices", {"shared": "2", "partition": "2", BURST: str(max(burst, 1))}.get(kind, "4"),
+         "--driver-name", DRIVERS[PEER][kind], *PEER_FLAGS[kind]]
+        for kind in DRIVERS[PEER]
     ]  # fmt: skip
     ours = [
         sys.executable, "-m", "cdiplug", "serve", "--config", str(config), "--node-name", node,
@@ -241,7 +256,7 @@ def drivers(kubeconfig: Path, node: str, folder: Path) -> Iterator[None]:
             except SystemExit:
                 print((folder / "drivers.log").read_text()[-3000:], file=sys.stderr)
                 raise
-        yield
+        yield {OURS: procs[-1].pid, PEER: procs[list(DRIVERS[PEER]).index(BURST)].pid}
     finally:
         for p in procs:
             p.terminate()
@@ -273,6 +288,41 @@ def one_pod(kubeconfig: Path, name: str, side: str, kind: str) -> float:
     return took
 
 
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def claims_left(kubeconfig: Path, prefix: str) -> int:
+    items = json.loads(kubectl(kubeconfig, "get", "resourceclaims", "-n", NAMESPACE, "-o", "json"))["items"]
+    return sum(c["metadata"]["name"].startswith(prefix) for c in items)
+
+
+def one_burst(kubeconfig: Path, side: str, pods: int, pid: int) -> dict[str, float]:
+    """``pods`` pods with a claim each, made at once: seconds to all Ready, and from the delete
+    to all gone with their claims unprepared and removed; the driver's RSS before and after."""
+    rss_before = rss_mib(pid)
+    objects = [o for i in range(pods) for o in claim_pod(f"burst-{side}-{i}", side, BURST)]
+    for o in objects:
+        o["metadata"]["labels"] = {"cdiplug-bench-burst": side}
+    started = time.monotonic()
+    apply(kubeconfig, *objects)
+    kubectl(kubeconfig, "wait", "--for=condition=Ready", "pod", "-l", f"cdiplug-bench-burst={side}", "-n", NAMESPACE,
+            "--timeout=300s", timeout=310)  # fmt: skip
+    ready = time.monotonic() - started
+    started = time.monotonic()
+    kubectl(kubeconfig, "delete", "pod", "-l", f"cdiplug-bench-burst={side}", "-n", NAMESPACE, "--wait=true",
+            "--timeout=300s", timeout=310)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while claims_left(kubeconfig, f"burst-{side}-") and time.monotonic() < deadline:  # a bench: a plain poll is fine
+        time.sleep(0.1)
+    gone = time.monotonic() - started
+    kubectl(kubeconfig, "delete", "resourceclaimtemplate", "-l", f"cdiplug-bench-burst={side}", "-n", NAMESPACE, "--wait=true")
+    return {"ready": ready, "gone": gone, "rss": rss_mib(pid), "rss_growth": rss_mib(pid) - rss_before}
+
+
 def figure(ours: float, peer: float, goal: float | None) -> dict[str, Any]:
     ratio = ours / peer if peer else float("inf")
     return {
@@ -288,6 +338,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=10, help="pods per kind and driver (default 10)")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="claims to time (default: all)")
+    parser.add_argument("--burst", type=int, default=50, help="pods made at once per side in the burst (default 50; 0: none)")
     parser.add_argument("--table", action="store_true", help="a human table on stderr too")
     args = parser.parse_args()
     env = dict(
@@ -305,16 +356,17 @@ def main() -> int:
     try:
         kubectl(kubeconfig, "create", "namespace", NAMESPACE)
         apply(kubeconfig, *classes)
-        with drivers(kubeconfig, node, folder):
+        with drivers(kubeconfig, node, folder, args.burst) as pids:
             for kind in args.kinds:  # first pods: image and caches warm for both
                 for side in (OURS, PEER):
                     one_pod(kubeconfig, f"warm-{side}-{kind}", side, kind)
-            before = kubelet_prepare(kubeconfig, node)
+            before = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
             for i in range(args.pods):
                 for kind in args.kinds:
                     for side in (OURS, PEER) if i % 2 == 0 else (PEER, OURS):
                         times[(side, kind)].append(one_pod(kubeconfig, f"p{i}-{side}-{kind}", side, kind))
-            after = kubelet_prepare(kubeconfig, node)
+            after = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
+            bursts = {side: one_burst(kubeconfig, side, args.burst, pids[side]) for side in (OURS, PEER)} if args.burst else {}
     finally:
         kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=150)
         kubectl(kubeconfig, "delete", "deviceclass", *(c["metadata"]["name"] for c in classes), "--ignore-not-found")
@@ -323,9 +375,9 @@ def main() -> int:
         else:
             print(f"kept {folder}", file=sys.stderr)
 
-    def mean_prepare_ms(side: str, kind: str) -> float:
-        s0, c0 = before.get(driver_of(side, kind), (0.0, 0))
-        s1, c1 = after.get(driver_of(side, kind), (0.0, 0))
+    def mean_ms(op: str, side: str, kind: str) -> float:
+        s0, c0 = before[op].get(driver_of(side, kind), (0.0, 0))
+        s1, c1 = after[op].get(driver_of(side, kind), (0.0, 0))
         return 1000 * (s1 - s0) / max(1, c1 - c0)
 
     def q90(values: list[float]) -> float:
@@ -336,8 +388,19 @@ def main() -> int:
         ours, peer = times[(OURS, kind)], times[(PEER, kind)]
         figures[f"{kind}_pod_ready_s_p50"] = figure(statistics.median(ours), statistics.median(peer), None)
         figures[f"{kind}_pod_ready_s_p90"] = figure(q90(ours), q90(peer), None)
-        figures[f"{kind}_prepare_ms_mean"] = figure(mean_prepare_ms(OURS, kind), mean_prepare_ms(PEER, kind), 1.1)
-    out = {"pods_per_kind": args.pods, "figures": figures, "missed": [k for k, f in figures.items() if f["met"] is False]}
+        figures[f"{kind}_prepare_ms_mean"] = figure(mean_ms(PREPARE, OURS, kind), mean_ms(PREPARE, PEER, kind), 1.1)
+        figures[f"{kind}_unprepare_ms_mean"] = figure(mean_ms(UNPREPARE, OURS, kind), mean_ms(UNPREPARE, PEER, kind), 1.3)
+    if bursts:
+        figures["burst_ready_s"] = figure(bursts[OURS]["ready"], bursts[PEER]["ready"], 1.1)
+        figures["burst_gone_s"] = figure(bursts[OURS]["gone"], bursts[PEER]["gone"], 1.1)
+        figures["burst_rss_mib"] = figure(bursts[OURS]["rss"], bursts[PEER]["rss"], None)
+        figures["burst_rss_growth_mib"] = figure(bursts[OURS]["rss_growth"], bursts[PEER]["rss_growth"], None)
+    out = {
+        "pods_per_kind": args.pods,
+        "burst_pods": args.burst,
+        "figures": figures,
+        "missed": [k for k, f in figures.items() if f["met"] is False],
+    }
     print(json.dumps(out, indent=1))
     if args.table:
         for name, f in figures.items():

@@ -62,10 +62,32 @@ def _strict(kind: type | tuple[type, ...], label: str) -> Any:
         if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
             raise ValueError(f"expected {label}, got a boolean")
         if not isinstance(value, kind):
-            raise ValueError(f"expected {label}, got {_describe(value)}")
+            raise ValueError(f"expected {label}, got {_describe(value)}{number_hint(value) if label == 'a string' else ''}")
         return value
 
     return hook
+
+
+def number_hint(value: Any) -> str:
+    """Why a string field got a number: YAML reads an unquoted ``0x8086`` as 32902."""
+    if type(value) is not int or value < 10:  # below 10, a hex ID and its number read alike
+        return ""
+    return f' (YAML reads an unquoted 0x{value:04x} as the number {value}: quote it, "0x{value:04x}")'
+
+
+def kubernetes_object_problem(data: Mapping[str, Any]) -> str | None:
+    """Why ``data`` is a Kubernetes object rather than a configuration (a ConfigMap passed as the file)."""
+    kind = data.get("kind")
+    if not isinstance(kind, str) or "apiVersion" not in data:
+        return None
+    if kind == "ConfigMap":
+        held = data.get("data")
+        names = ", ".join(repr(k) for k in held) if isinstance(held, Mapping) and held else "none"
+        return (
+            "this is a Kubernetes ConfigMap, not a cdiplug configuration: pass the file it holds, its data's "
+            f"'config.yaml' (it holds: {names}), as in kubectl get configmap NAME -o jsonpath='{{.data.config\\.yaml}}'"
+        )
+    return f"this is a Kubernetes {kind}, not a cdiplug configuration (a mapping with a 'resources' list)"
 
 
 def _is_list_type(t: Any) -> bool:
@@ -262,6 +284,8 @@ def parse_config(
     """
     if not isinstance(data, Mapping):
         raise ConfigError("the configuration must be a mapping with a 'resources' list", "$", source)
+    if (problem := kubernetes_object_problem(data)) is not None:
+        raise ConfigError(problem, "$", source)
     for key, expected in (("resources", "a list"), ("configurations", "a mapping")):
         if key in data and data[key] is None:  # None in the raw class means "not in the file"
             raise ConfigError(f"expected {expected}, got nothing (null)", f"$.{key}", source)

@@ -67,6 +67,14 @@ class PreparationError(CdiplugError):
         super().__init__(f"cannot prepare device {device}: {reason}")
 
 
+class NoSuchDevice(PreparationError):
+    """The device named is not on this node (a PCI address no function has)."""
+
+    def __init__(self, device: str, reason: str) -> None:
+        super().__init__(device, reason)
+        self.args = (f"no such device {device}: {reason}",)
+
+
 class DeviceInUse(PreparationError):
     """Refused to prepare a device the host is still using (an interface up, a mounted disk)."""
 

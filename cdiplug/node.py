@@ -118,7 +118,7 @@ class Node:
             # A front end no resource names may still have work an earlier run left (DRA: claims
             # the kubelet must unprepare through their driver).
             for registration in registered().values():
-                if registration.api not in groups and any((self.world.state_dir / f).exists() for f in registration.state):
+                if registration.api not in groups and any((self.world.own_state_dir / f).exists() for f in registration.state):
                     await self._start_front_end(registration.api, [])
             self.host.start()
 

@@ -8,7 +8,8 @@ import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What
 - the optional abilities, small protocols a backend class subclasses so that ``mypy --strict``
   checks its methods: :class:`Preparer`, :class:`Unpreparer`, :class:`ReleasePoller`,
   :class:`PreferredAllocator`, :class:`PairwiseAffinity`, :class:`ClaimConfigurable` (DRA
-  per-claim configuration, answering :class:`Configured`);
+  per-claim configuration, answering :class:`Configured`), :class:`NodeChecker` (what the
+  backend needs of the node, for ``cdiplug doctor``, as :class:`Finding` values);
 - the options protocols its options class may subclass: :class:`CheckedOptions` (``problems()``)
   and :class:`SizedOptions` (``device_estimate()``); options are structured by :data:`converter`
   (unknown keys forbidden), enums registered with :func:`register_enum`;
@@ -17,7 +18,8 @@ import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What
   :class:`DeviceNode`, :class:`Mount`, :class:`Health`, attributes), the configuration it is given
   (:class:`ResourceConfig`), the world passed in (:class:`World`) and the errors it raises;
 - toolkit helpers: bounded file reads, bounded YAML/JSON, atomic writes, state files
-  (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), a folder watch, a backoff, names.
+  (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), lock files with a
+  deadline (:mod:`~cdiplug.toolkit.filelock`), a folder watch, a backoff, names.
 
 Fakes for testing a backend ship with the backend they fake (``cdiplug_backends.nvidia.testing``,
 ``cdiplug_backends.pci.testing``); the core's stand-ins (kubelet, API server) are ``cdiplug.testing``.
@@ -48,8 +50,10 @@ from cdiplug.errors import (
     DeviceInUse,
     InputError,
     InvalidRequest,
+    NoSuchDevice,
     PreparationError,
 )
+from cdiplug.models.checks import Finding, NodeChecker, Verdict
 from cdiplug.models.devices import (
     MAX_NUMA_NODE,
     PCI_BUS_ID_ATTRIBUTE,
@@ -72,7 +76,7 @@ from cdiplug.models.names import resource_class
 from cdiplug.models.replicas import underlying
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.toolkit import statefile
+from cdiplug.toolkit import filelock, statefile
 from cdiplug.toolkit.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
 from cdiplug.toolkit.backoff import Backoff
 from cdiplug.toolkit.brief import brief
@@ -89,6 +93,7 @@ __all__ = [
     "ClaimConfigurable",
     "Configured",
     "ModelLabels",
+    "NodeChecker",
     "PairwiseAffinity",
     "PreferredAllocator",
     "Preparer",
@@ -99,6 +104,9 @@ __all__ = [
     "SizedOptions",
     "converter",
     "register_enum",
+    # what a NodeChecker reports (cdiplug doctor)
+    "Finding",
+    "Verdict",
     # values, configuration, the world
     "MAX_NUMA_NODE",
     "PCI_BUS_ID_ATTRIBUTE",
@@ -125,6 +133,7 @@ __all__ = [
     "DeviceInUse",
     "InputError",
     "InvalidRequest",
+    "NoSuchDevice",
     "PreparationError",
     # toolkit
     "CONFIG_LIMIT",
@@ -135,6 +144,7 @@ __all__ = [
     "FolderWatch",
     "brief",
     "decode_text",
+    "filelock",
     "fsync_dir",
     "load_json",
     "load_yaml",

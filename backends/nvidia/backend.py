@@ -27,8 +27,10 @@ from cdiplug.sdk import (
     ContainerEdits,
     Device,
     DeviceSnapshot,
+    Finding,
     HealthCause,
     ModelLabels,
+    NodeChecker,
     PairwiseAffinity,
     PreferredAllocator,
     PreferredRequest,
@@ -38,7 +40,7 @@ from cdiplug.sdk import (
     underlying,
 )
 
-from . import claim_config, topology
+from . import checks, claim_config, topology
 from .cdi_kind import clash_problem
 from .discovery import (
     Gpu,
@@ -74,7 +76,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class NvidiaBackend(Backend, PreferredAllocator, PairwiseAffinity, ModelLabels, ClaimConfigurable[claim_config.GpuClaimConfig]):
+class NvidiaBackend(
+    Backend, PreferredAllocator, PairwiseAffinity, ModelLabels, ClaimConfigurable[claim_config.GpuClaimConfig], NodeChecker
+):
     """Serves every resource configured with ``backend: nvidia`` (one NVML session for all)."""
 
     def __init__(
@@ -109,6 +113,10 @@ class NvidiaBackend(Backend, PreferredAllocator, PairwiseAffinity, ModelLabels, 
                 log.warning("%s", problem, extra={"resource": r.name})
 
     # --- the Backend protocol ------------------------------------------------------------------
+
+    async def node_checks(self) -> Sequence[Finding]:
+        """The driver and NVML (:mod:`.checks`)."""
+        return await asyncio.to_thread(lambda: list(checks.findings(self.world, self.nvml_module)))
 
     async def run(self, sink: SnapshotSink) -> None:
         self._sink = sink

@@ -106,11 +106,11 @@ converter.register_structure_hook(MemorySize, lambda v, _t: MemorySize.parse(v))
 class GpuSelector:
     """Every field that is set must match; an empty selector matches every GPU."""
 
-    model: str | None = None
-    memory_min: MemorySize | None = None
-    memory_max: MemorySize | None = None
-    uuids: tuple[str, ...] | None = None
-    indices: tuple[int, ...] | None = None
+    model: str | None = None  # glob over the NVML product name, case-insensitive ("*H100*")
+    memory_min: MemorySize | None = None  # least memory, inclusive (80GiB, 24G, or bytes)
+    memory_max: MemorySize | None = None  # most memory, inclusive
+    uuids: tuple[str, ...] | None = None  # these GPUs, by UUID
+    indices: tuple[int, ...] | None = None  # these GPUs, by NVML index
 
     def matches(self, gpu: GpuInfo) -> bool:
         if self.model is not None and not fnmatch.fnmatchcase(gpu.name.lower(), self.model.lower()):
@@ -143,7 +143,9 @@ class NvidiaOptions(CheckedOptions):
     selectors: tuple[GpuSelector, ...] = ()
     fail_on_init_error: bool = False
     driver_root: Path | None = None
+    # files under driver_root mounted into containers (those that exist)
     driver_files: tuple[str, ...] = DEFAULT_DRIVER_FILES
+    # XID errors that leave the GPU Healthy (a program's fault, not the GPU's)
     ignored_xids: tuple[int, ...] = field(default=DEFAULT_IGNORED_XIDS)
     reprobe_interval_s: float = 30.0
     clean_probes: int = 3

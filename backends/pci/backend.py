@@ -41,8 +41,11 @@ from cdiplug.sdk import (
     Configured,
     Device,
     DeviceSnapshot,
+    Finding,
     InvalidRequest,
     ModelLabels,
+    NodeChecker,
+    NoSuchDevice,
     PreparationError,
     Preparer,
     ReleasePoller,
@@ -52,6 +55,7 @@ from cdiplug.sdk import (
     World,
 )
 
+from . import checks
 from .claim_config import KIND, PciClaimConfig
 from .claim_config import admin_access as admin_claim
 from .claim_config import configure as configure_claim
@@ -87,7 +91,7 @@ class ScanState:
     recorded: Mapping[str, BoundRecord]
 
 
-class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable[PciClaimConfig], ModelLabels):
+class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable[PciClaimConfig], ModelLabels, NodeChecker):
     """The ``pci`` backend (see the module docstring)."""
 
     def __init__(
@@ -104,7 +108,7 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         self.world = world
         self.options: dict[str, PciOptions] = {r.name: r.options for r in self.resources}
         self.sysfs = PciSysfs(world.sysfs_root)
-        self.journal = Journal(world.state_dir)
+        self.journal = Journal(world.own_state_dir)
         self.binder = VfioBinder(self.sysfs, self.journal, world.dev_root, writer, check_in_use=self.check_in_use)
         if verify_timeout is not None:
             self.binder.verify_timeout = verify_timeout
@@ -410,13 +414,21 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
     def _any_safety(self) -> SafetyChecker:
         return next(iter(self.safety.values()), self.default_safety)
 
-    # -- for people at a node (``cdiplug vfio``) ------------------------------------------------------
+    # -- for people at a node (``cdiplug vfio``, ``cdiplug doctor``) ---------------------------------
+
+    async def node_checks(self) -> Sequence[Finding]:
+        """The IOMMU, vfio-pci and the resources' options against a scan (:mod:`.checks`)."""
+        findings = await asyncio.to_thread(lambda: list(checks.node_findings(self.sysfs, self.world, self.resources)))
+        state = await self.rescan()
+        recorded = {a: Recorded(r.original_driver, r.netdevs) for a, r in state.recorded.items()}
+        findings.extend(checks.option_findings(self.resources, state.topology, recorded))
+        return findings
 
     def _group_of(self, state: ScanState, address: str) -> tuple[str, tuple[str, ...]]:
         """The group key of ``address`` and the endpoint functions preparing it binds."""
         fn = state.topology.functions.get(address)
         if fn is None:
-            raise PreparationError(address, f"no such PCI function under {self.world.sysfs_root}/bus/pci/devices")
+            raise NoSuchDevice(address, f"no PCI function has this address under {self.world.sysfs_root}/bus/pci/devices")
         if fn.iommu_group is None:
             if not self.sysfs.noiommu_enabled():
                 raise PreparationError(address, "it has no IOMMU group (turn the IOMMU on, or vfio's enable_unsafe_noiommu_mode)")
@@ -450,7 +462,7 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         state = await self.rescan()
         fn = state.topology.functions.get(address)
         if fn is None:
-            raise PreparationError(address, f"no such PCI function under {self.world.sysfs_root}/bus/pci/devices")
+            raise NoSuchDevice(address, f"no PCI function has this address under {self.world.sysfs_root}/bus/pci/devices")
         members = state.topology.group_members(fn.iommu_group)
         node = group_node(fn.iommu_group, state.topology) if fn.iommu_group is not None else None
         pending = await asyncio.to_thread(self.journal.pending, fn.iommu_group) if fn.iommu_group else []

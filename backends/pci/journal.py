@@ -11,7 +11,8 @@ Layout under ``<state-dir>/pci/`` (folders 0700, files 0600):
   network interfaces (so selectors keep matching, and ``unbind``/``release: restore`` know where
   it goes back), the resource and when. Written before the first step of a bind.
 - ``locks/<group>.lock`` — an ``flock`` per group, so ``cdiplug vfio bind`` at a shell and the
-  daemon never work on the same group at once.
+  daemon never work on the same group at once (a wait is bounded, :data:`LOCK_WAIT`: a process
+  stuck on a group fails the other's operation instead of blocking its thread for good).
 
 Group keys and addresses are checked before they become file names, so no name leaves its folder.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import json
 import logging
 import os
@@ -33,13 +33,14 @@ import cattrs
 from attrs import field, frozen
 from cattrs.v import format_exception
 
-from cdiplug.sdk import STATE_LIMIT, TEMP_SUFFIX, BackendError, decode_text, fsync_dir, load_json, statefile
+from cdiplug.sdk import STATE_LIMIT, TEMP_SUFFIX, BackendError, decode_text, filelock, fsync_dir, load_json, statefile
 
 from .sysfs import check_address, check_driver, is_address
 
 log = logging.getLogger(__name__)
 
 STATE_FILE_MODE = 0o600  # the journal is ours alone
+LOCK_WAIT = 60.0  # seconds to wait for another process's operation on a group (a bind takes seconds at most)
 
 T = TypeVar("T")
 
@@ -280,16 +281,15 @@ class Journal:
     # -- locks -------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def locked(self, group: str) -> Iterator[None]:
-        """Hold the group's ``flock`` (blocking until other processes let go)."""
+    def locked(self, group: str, wait: float = LOCK_WAIT) -> Iterator[None]:
+        """Hold the group's ``flock`` (waiting at most ``wait`` seconds for other processes to let go); JournalError otherwise."""
         self.ensure()
         path = self.locks_dir / f"{_file_name(group)}.lock"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise JournalError(f"cannot open lock {path}: {exc.strerror}") from exc
+            fd = filelock.hold(path, f"IOMMU group {group}", wait=wait)
+        except statefile.StateFileError as exc:
+            raise JournalError(str(exc)) from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # closing drops the lock

@@ -53,14 +53,14 @@ def parse_hex(value: str) -> int:
 class Selector:
     """One way of picking PCI functions; every field that is set must match."""
 
-    vendor: str | None = None
-    device: str | None = None
-    class_: str | None = None
-    class_mask: str | None = None
-    driver: str | None = None
-    addresses: tuple[str, ...] = ()
-    pf: str | None = None
-    netdev: str | None = None
+    vendor: str | None = None  # PCI vendor ID, quoted hexadecimal ("0x8086")
+    device: str | None = None  # PCI device ID, quoted hexadecimal ("0x154c")
+    class_: str | None = None  # PCI class, quoted hexadecimal ("0x020000"); with class_mask, the bits compared
+    class_mask: str | None = None  # which bits of the class to compare ("0xffff00": class and subclass)
+    driver: str | None = None  # glob over the function's driver (the one before cdiplug bound it)
+    addresses: tuple[str, ...] = ()  # globs over PCI addresses, domain included ("0000:3b:02.*")
+    pf: str | None = None  # the SR-IOV VFs of the PF whose network interface matches this glob
+    netdev: str | None = None  # functions carrying a network interface whose name matches this glob
 
     def problems(self, at: str) -> Iterator[tuple[str, str]]:
         if not any((self.vendor, self.device, self.class_, self.driver, self.addresses, self.pf, self.netdev)):
@@ -109,12 +109,12 @@ class PciOptions(CheckedOptions):
     # A just-bound function may not show in PodResources yet (the kubelet records the allocation
     # after our Allocate answer), so restoring waits this long after a bind.
     release_grace: float = 60.0
-    release_interval: float = 30.0
-    link_health: bool = False
-    noiommu: bool = False
-    rescan_interval: float = 30.0
-    mountinfo: Path = Path("/proc/self/mountinfo")
-    proc_root: Path = Path("/proc")
+    release_interval: float = 30.0  # seconds between looks for bound functions that no pod holds any more
+    link_health: bool = False  # a function whose network link is down is Unhealthy (netlink)
+    noiommu: bool = False  # accept vfio's no-IOMMU mode (unsafe: no isolation) on nodes without an IOMMU
+    rescan_interval: float = 30.0  # seconds between sysfs scans (besides hotplug events)
+    mountinfo: Path = Path("/proc/self/mountinfo")  # where mounts are read, to refuse a function whose disk is mounted
+    proc_root: Path = Path("/proc")  # where processes are read, to refuse a function a process holds open
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if not self.selectors:

@@ -30,6 +30,7 @@ from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.names import spec_file_name
 from cdiplug.toolkit.atomic import TEMP_SUFFIX, make_dirs, write_atomic
 from cdiplug.toolkit.files import read_bounded
+from cdiplug.toolkit.tally import CDI_WRITE_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,11 @@ class SpecWriter:
             elif stamp is not None and last is not None and not unchanged:
                 log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
             self._written.pop(kind, None)
-            new_stamp = self._replace(path, content)
+            try:
+                new_stamp = self._replace(path, content)
+            except CdiError:
+                CDI_WRITE_FAILURES.add(kind)
+                raise
             self._written[kind] = _Written.of(snapshot, content, new_stamp)
             return True
 

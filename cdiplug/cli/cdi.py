@@ -1,12 +1,14 @@
 """``cdiplug cdi generate|validate|list``: write, check and list CDI specs without serving.
 
-- ``generate [--config FILE] [--output-dir DIR]`` runs every configured backend once and writes
-  one spec per kind, exactly as ``cdiplug serve`` would (it never removes other files).
+- ``generate [--config FILE] [--output-dir DIR]`` runs every configured backend once and prints
+  one spec per kind on standard output (one JSON document each), exactly as ``cdiplug serve``
+  would write it; with ``--output-dir`` it writes them into that folder instead (never removing
+  other files). It never writes into the node's CDI folder unless told to.
 - ``validate FILE...`` checks spec files as strictly as the reference CDI library; one line per
   problem on stderr, exit 1 when there is any.
 - ``list [--cdi-dir DIR]`` prints the qualified device names of every spec in the folder
-  (``.json`` and ``.yaml``, whoever wrote them), sorted; unreadable specs are named on stderr and
-  make the exit status 1.
+  (``.json`` and ``.yaml``, whoever wrote them), sorted; unreadable specs, and a folder that is
+  not there, are named on stderr and make the exit status 1.
 
 Exit status 2 is a bad argument or configuration, as everywhere.
 """
@@ -16,32 +18,52 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cdiplug.cli import add_config_option, add_option
+from cdiplug.cli import (
+    BACKEND_WORLD,
+    add_config_option,
+    add_log_level,
+    add_path_option,
+    add_world_options,
+    describe,
+    world_from_args,
+)
 from cdiplug.errors import BackendError, CdiError
-from cdiplug.models.world import DEFAULT_CDI_DIR, World
+from cdiplug.models.devices import DeviceSnapshot
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import DEFAULT_CDI_DIR
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("cdi", help="write, check and list CDI specs", description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser("cdi", help="write, check and list CDI specs", description=describe(__doc__))
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    gen = actions.add_parser("generate", help="write the CDI specs for what the backends find, without serving")
+    help_text = "print the CDI specs for what the backends find (or write them with --output-dir), without serving"
+    gen = actions.add_parser("generate", help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
     add_config_option(gen)
-    add_option(gen, "--output-dir", str(DEFAULT_CDI_DIR), help="folder to write the specs into")
-    add_option(gen, "--sysfs-root", "/sys", help="where sysfs is mounted")
-    add_option(gen, "--dev-root", "/", help="root under which /dev paths are looked up")
+    add_path_option(
+        gen,
+        "--output-dir",
+        absolute=False,
+        help=f"write the specs into this folder (the node's is {DEFAULT_CDI_DIR}) instead of standard output",
+    )
+    add_world_options(gen, BACKEND_WORLD)
+    add_log_level(gen)
     gen.set_defaults(func=generate)
 
-    val = actions.add_parser("validate", help="check CDI spec files as strictly as the reference library")
+    help_text = "check CDI spec files as strictly as the reference library"
+    val = actions.add_parser("validate", help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
     val.add_argument("files", metavar="FILE", nargs="+", type=Path)
+    add_log_level(val)
     val.set_defaults(func=validate)
 
-    lst = actions.add_parser("list", help="print the qualified device names of every spec in a folder")
-    add_option(lst, "--cdi-dir", str(DEFAULT_CDI_DIR), help="folder of CDI specs")
+    help_text = "print the qualified device names of every spec in a folder"
+    lst = actions.add_parser("list", help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    add_world_options(lst, ("cdi_dir",))
+    add_log_level(lst)
     lst.set_defaults(func=list_devices)
 
 
@@ -51,13 +73,15 @@ def generate(args: argparse.Namespace) -> int:
     from cdiplug.discovery import discover_once
 
     config = load_config(args.config)
-    world = World(cdi_dir=Path(args.output_dir), sysfs_root=Path(args.sysfs_root), dev_root=Path(args.dev_root))
+    world = world_from_args(args)
     try:
         snapshots = asyncio.run(discover_once(config, world))
     except BackendError as exc:
         print(f"cdiplug cdi generate: {exc}", file=sys.stderr)
         return 1
-    writer = SpecWriter(world.cdi_dir)
+    if args.output_dir is None:
+        return _print_specs(config.resources, snapshots)
+    writer = SpecWriter(Path(args.output_dir))
     status = 0
     for resource in config.resources:
         snapshot = snapshots[resource.name]
@@ -72,6 +96,30 @@ def generate(args: argparse.Namespace) -> int:
             print(f"{resource.cdi_kind}: no devices, no spec" + (f" (removed {path})" if changed else ""))
         else:
             print(f"{path}: {len(snapshot.devices)} devices, {'written' if changed else 'unchanged'}")
+    return status
+
+
+def _print_specs(resources: Sequence[ResourceConfig[Any]], snapshots: Mapping[str, DeviceSnapshot]) -> int:
+    """Each spec with devices on stdout (as the file would hold it); the rest said on stderr."""
+    from cdiplug.cdi.writer import SpecWriter
+
+    writer = SpecWriter(DEFAULT_CDI_DIR)  # for rendering and names only: nothing is written
+    status = 0
+    for resource in resources:
+        snapshot = snapshots[resource.name]
+        if not snapshot.devices:
+            print(f"cdiplug cdi generate: {resource.cdi_kind}: no devices, no spec", file=sys.stderr)
+            continue
+        try:
+            content = writer.render(resource.cdi_kind, snapshot)
+            name = writer.path_for(resource.cdi_kind).name
+        except CdiError as exc:
+            print(f"cdiplug cdi generate: {resource.name}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        sys.stdout.write(content.decode())
+        sys.stdout.flush()
+        print(f"cdiplug cdi generate: printed {name} ({len(snapshot.devices)} devices)", file=sys.stderr)
     return status
 
 
@@ -109,6 +157,10 @@ def _read_specs(folder: Path) -> Iterator[tuple[Path, list[str] | str]]:
     try:
         paths = sorted(p for p in folder.iterdir() if p.suffix in (".json", ".yaml") and p.is_file())
     except FileNotFoundError:
+        yield folder, "no such folder (nothing has written a CDI spec here; --cdi-dir names another folder)"
+        return
+    except NotADirectoryError:
+        yield folder, "not a folder"
         return
     except OSError as exc:
         yield folder, f"cannot list: {exc.strerror}"

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from cdiplug.cli import add_log_level, describe
 from cdiplug.config import DEFAULT_CONFIG_YAML, Config, parse_config
 from cdiplug.errors import CdiplugError
 from cdiplug.models.world import World
@@ -38,15 +39,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "demo",
         help="run the classic experiment against a kubelet stand-in (no cluster needed)",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=describe(__doc__, 1),
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder and say where it is")
-    parser.add_argument("--verbose", action="store_true", help="show the daemon's log")
+    parser.add_argument("--verbose", action="store_true", help="show the daemon's log (as --log-level info)")
+    add_log_level(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="  log: %(levelname)s %(message)s")
+    if args.verbose:
+        logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
     folder = Path(tempfile.mkdtemp(prefix="cdiplug-demo-"))
     try:
         asyncio.run(demo(folder, print))

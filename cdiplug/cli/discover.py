@@ -6,8 +6,10 @@ device a backend found but will not advertise, with the reason (``DeviceSnapshot
 IOMMU group shared with a function nobody selected, a denylisted address, ...), and the node
 labels it would write (``cdiplug.dev/...``; written only with ``node_labels: true``). With
 named configurations, ``--configuration`` picks one (as the node label cdiplug.dev/config
-would; ``default`` otherwise). ``-o json`` and ``-o yaml`` print the same as data. Exit status 1
-when a backend fails, 2 for bad configuration.
+would; ``default`` otherwise). ``-o json`` and ``-o yaml`` print the same as data. What the
+backends' own checks doubt (a health_file that is not there, a selector that matches nothing, a
+PCI address without its domain) is said on stderr. Exit status 1 when a backend fails, 2 for bad
+configuration.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 import yaml
 
 from cdiplug.backend import Abilities
-from cdiplug.cli import add_config_option, add_world_options, world_from_args
+from cdiplug.cli import BACKEND_WORLD, add_configuration_options, add_log_level, add_world_options, describe, world_from_args
+from cdiplug.config import Config
 from cdiplug.errors import BackendError
 from cdiplug.models.devices import Device, DeviceSnapshot
+from cdiplug.models.world import World
 
 FORMATS = ("table", "json", "yaml")
 
@@ -33,14 +37,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "discover",
         help="show what every resource would advertise, and why devices are skipped",
-        description=__doc__.split("\n\n")[1],
+        description=describe(__doc__, 1),
     )
-    add_config_option(parser)
-    parser.add_argument(
-        "--configuration", metavar="NAME", help="the named configuration to show (as the node label cdiplug.dev/config chooses)"
-    )
-    add_world_options(parser)
+    add_configuration_options(parser)
+    add_world_options(parser, BACKEND_WORLD)
     parser.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default table)")
+    add_log_level(parser)
     parser.set_defaults(func=run)
 
 
@@ -106,6 +108,22 @@ def as_table(snapshots: Mapping[str, DeviceSnapshot], labels: Mapping[str, Mappi
     return "\n".join(lines)
 
 
+def _warn(config: Config, world: World) -> None:
+    """What the backends' own checks doubt (a health_file that is not there, a selector that
+    matches nothing, a PCI address without its domain), on stderr (``cdiplug doctor`` says all)."""
+    from cdiplug.doctor import backend_findings
+    from cdiplug.models.checks import Verdict
+
+    try:
+        findings = asyncio.run(backend_findings(config, world))
+    except BackendError as exc:
+        print(f"cdiplug discover: warning: the backends' checks failed: {exc}", file=sys.stderr)
+        return
+    for finding in findings:
+        if finding.verdict is not Verdict.OK:
+            print(f"cdiplug discover: {finding.line()}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from cdiplug.config import load_config
     from cdiplug.discovery import discover_once
@@ -120,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cdiplug discover: {exc}", file=sys.stderr)
         return 1
     labels = {name: resource_labels(snap, abilities[name].model_labels)[0] for name, snap in snapshots.items()}
+    _warn(config, world)
     if args.output == "json":
         print(json.dumps(as_data(snapshots, labels), indent=2))
     elif args.output == "yaml":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cdiplug.cli import EXIT_USAGE, KUBECONFIG_HELP, add_option
+from cdiplug.cli import EXIT_USAGE, KUBECONFIG_HELP, add_log_level, add_option, add_path_option
 from cdiplug.kube.credentials import CredentialsError, find_credentials
 from cdiplug.kube.node_capacity import CapacityUsageError, NodeCapacity, NodeCapacityError, parse_quantity
 
@@ -29,9 +29,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     # The options sit on each action, so they may come after the positional arguments too.
     common = argparse.ArgumentParser(add_help=False)
-    add_option(common, "--kubeconfig", help=KUBECONFIG_HELP)
+    add_path_option(common, "--kubeconfig", absolute=False, help=KUBECONFIG_HELP)
     add_option(common, "--context", help="kubeconfig context; without it the current context")
     add_option(common, "--timeout", "30", type=float, help="seconds to wait for the API server's answer")
+    add_log_level(common)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     set_parser = actions.add_parser("set", parents=[common], help="add or change capacity: NODE NAME=COUNT ...")

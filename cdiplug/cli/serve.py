@@ -11,11 +11,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 
-from cdiplug.cli import EXIT_USAGE, add_config_option, add_dra_options, add_option, add_world_options, world_from_args
+from cdiplug.cli import (
+    EXIT_USAGE,
+    add_config_option,
+    add_dra_options,
+    add_log_level,
+    add_option,
+    add_world_options,
+    world_from_args,
+)
 from cdiplug.errors import BackendInitError, CdiplugError, ConfigError
-from cdiplug.toolkit.logs import FORMATS, setup_logging
+from cdiplug.toolkit.logs import FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_world_options(parser)
     add_dra_options(parser)
     add_option(parser, "--log-format", "text", choices=FORMATS, help="log lines as text or JSON")
+    add_log_level(parser, "info")
     add_option(parser, "--metrics-address", help="serve /metrics, /healthz and /readyz on HOST:PORT")
     parser.set_defaults(func=run)
 
@@ -57,10 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from cdiplug.daemon import serve  # imported here: grpc is not needed to print --help
 
-    if args.log_format not in FORMATS:  # a bad $CDIPLUG_LOG_FORMAT skips argparse's choices check
-        print(f"cdiplug serve: --log-format must be one of {', '.join(FORMATS)}, got {args.log_format!r}", file=sys.stderr)
-        return 2
-    setup_logging(args.log_format)
+    # Logging is set up by cdiplug.cli.main (--log-format, --log-level).
     _one_malloc_arena()
     world = world_from_args(args)
     try:

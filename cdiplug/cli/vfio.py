@@ -18,28 +18,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from typing import Any
 
 from cdiplug.backend import load_plugins
-from cdiplug.cli import add_world_options, world_from_args
+from cdiplug.cli import BACKEND_WORLD, add_log_level, add_world_options, describe, world_from_args
 from cdiplug.errors import CdiplugError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "vfio", help="bind PCI functions to vfio-pci and back by hand", description=__doc__.split("\n\n")[0]
-    )
+    parser = subparsers.add_parser("vfio", help="bind PCI functions to vfio-pci and back by hand", description=describe(__doc__))
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_text in (
         ("status", "show a function's driver, IOMMU group and what cdiplug recorded"),
         ("bind", "bind a function's IOMMU group to vfio-pci"),
         ("unbind", "return a function (and its group) to the original driver"),
     ):
-        sub = actions.add_parser(name, help=help_text)
+        sub = actions.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         sub.add_argument("address", metavar="ADDR", help="PCI address, e.g. 0000:3b:02.0")
-        add_world_options(sub)
+        add_world_options(sub, BACKEND_WORLD)
+        add_log_level(sub)
         if name != "status":
             sub.add_argument("--force", action="store_true", help="go ahead even when the function is in use")
         sub.set_defaults(func=run)
@@ -97,7 +95,6 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(_run(args))
     except ValueError as exc:

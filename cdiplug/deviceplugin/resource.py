@@ -124,7 +124,7 @@ class ServedResource:
         advertised = self.allocator.advertised
         self.server.publish(advertised)
         healthy = advertised.healthy_count()
-        self.recorder.devices(self.name, healthy, len(advertised.devices) - healthy)
+        self.recorder.devices(self.name, healthy, len(advertised.devices) - healthy, advertised.unhealthy_causes())
         self.log.debug("%d devices advertised, %d healthy", len(advertised.devices), healthy)
 
     # -- reload --

@@ -36,16 +36,17 @@ preparation (:mod:`.instances`): a start leaves a started claim to its owner whi
 Version 1 (cdiplug before the two phases: no ``state``, no ``configs``, written only once a claim
 was complete) is upgraded on load, every claim ``PrepareCompleted``, and written back as 2.
 
-Decoding is lenient, as for all our own state: unknown keys are ignored (a newer cdiplug may add
-some), missing optional ones take their defaults, and one claim whose record is unusable is
+Decoding is lenient, as for all our own state (:mod:`cdiplug.toolkit.stateconv`: the record
+classes below say per field what a missing or odd value reads as, so a new field is one edit):
+unknown keys are ignored (a newer cdiplug may add some), missing optional ones take their defaults, and one claim whose record is unusable is
 dropped with the reason logged, the others kept (a copy of the file is kept aside first). A file
 that cannot be read as a checkpoint at all (not JSON, a symlink, a FIFO, too big, an unknown
 version) is moved aside (``dra-claims.json.corrupt-<time>``) with the reason logged, and the
 store starts empty.
 
 Two daemons share the file during a rolling update (the old and the new pod, ``--pod-uid``):
-every change takes ``fcntl.flock`` on ``dra-claims.json.lock`` beside it (waiting at most
-:data:`LOCK_WAIT` seconds), reads the file again and writes it with only that claim changed, so
+every change takes ``fcntl.flock`` on ``dra-claims.json.lock`` beside it
+(:mod:`cdiplug.toolkit.filelock`: waiting at most :data:`LOCK_WAIT` seconds), reads the file again and writes it with only that claim changed, so
 neither loses the other's claims (changes asked for at once share one write: 200 claims prepared
 together are not 400 writes one after the other); :meth:`ClaimStore.refresh` (at the start of every prepare and
 unprepare) reads it again under the lock, so a claim one daemon prepared is unprepared by the
@@ -59,23 +60,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import fcntl
 import json
 import logging
-import os
 import shutil
-import stat
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 from attrs import frozen
 
-from cdiplug.dra.claims import ConfigEntry, ConfigSource
-from cdiplug.toolkit import statefile
+from cdiplug.dra.claims import ConfigEntry
+from cdiplug.toolkit import filelock, stateconv, statefile
 from cdiplug.toolkit.brief import brief
+from cdiplug.toolkit.stateconv import absent, checked, lenient
 
 log = logging.getLogger(__name__)
 
@@ -91,24 +89,29 @@ class ClaimState(str, enum.Enum):
     COMPLETED = "PrepareCompleted"
 
 
+def _is_file_name(value: str) -> bool:
+    return "/" not in value and value not in (".", "..")
+
+
 @frozen
 class PreparedDevice:
     """One device of a claim, as answered to the kubelet."""
 
-    request_names: tuple[str, ...]
+    request_names: tuple[str, ...] = attrs.field(metadata=absent([]))
     pool: str
     device: str  # the device's name in the slice
     device_id: str  # the backend's ID
-    cdi_ids: tuple[str, ...]
+    cdi_ids: tuple[str, ...] = attrs.field(metadata=absent([]))
     prepare_group: str | None = None
-    share_id: str | None = None  # one share of a device that allows multiple allocations
-    consumed_capacity: tuple[tuple[str, str], ...] = ()  # what the share takes: capacity -> quantity
+    share_id: str | None = attrs.field(default=None, metadata=lenient())  # one share of a device that allows multiple allocations
+    # What the share takes: capacity -> quantity (a pair not of two strings is left out when read).
+    consumed_capacity: tuple[tuple[str, str], ...] = attrs.field(default=(), metadata=lenient())
     # How the claim's configuration and admin access had it prepared (claim_config): whether the
     # host prepared it (and so whether it holds the device against another claim's release),
     # whether the claim's unprepare releases it, and whether it was for admin access only.
-    prepared: bool = True
-    release: bool = True
-    admin_access: bool = False
+    prepared: bool = attrs.field(default=True, metadata=lenient())
+    release: bool = attrs.field(default=True, metadata=lenient())
+    admin_access: bool = attrs.field(default=False, metadata=lenient())
 
 
 @frozen
@@ -120,118 +123,42 @@ class PreparedClaim:
     name: str
     driver: str
     resource: str
-    devices: tuple[PreparedDevice, ...]
-    spec_file: str  # a file name in the CDI folder; empty when the claim has no devices
+    devices: tuple[PreparedDevice, ...] = ()
+    # A file name in the CDI folder; empty when the claim has no devices.
+    spec_file: str = attrs.field(default="", metadata=checked(_is_file_name, "must be a file name"))
     state: ClaimState = ClaimState.COMPLETED
     configs: tuple[ConfigEntry, ...] = ()
-    boot_id: str | None = None  # the node's boot when prepared; None: unknown
-    owner: str = ""  # the pod UID of the instance that started preparing it; "": one instance only
+    # The node's boot when prepared; None: unknown (so prepared again at the next start).
+    boot_id: str | None = attrs.field(default=None, metadata=lenient(lambda v: v is None or 0 < len(v) <= 64))
+    # The pod UID of the instance that started preparing it; "": one instance only (a start rolls it back).
+    owner: str = attrs.field(default="", metadata=lenient(lambda v: len(v) <= 64))
 
     @property
     def completed(self) -> bool:
         return self.state is ClaimState.COMPLETED
 
 
-# -- decoding (lenient) --------------------------------------------------------------------------
+# -- decoding (lenient: :mod:`cdiplug.toolkit.stateconv`) -----------------------------------------
 
-
-def _strs(value: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{what} must be a list of strings")
-    return tuple(value)
-
-
-def _str(data: Mapping[str, Any], key: str, what: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"{what}.{key} must be a string, got {brief(value)}")
-    return value
-
-
-def _device(data: Any, what: str) -> PreparedDevice:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{what} must be a mapping")
-    group = data.get("prepare_group")
-    if group is not None and not isinstance(group, str):
-        raise ValueError(f"{what}.prepare_group must be a string or null")
-    return PreparedDevice(
-        request_names=_strs(data.get("request_names", []), f"{what}.request_names"),
-        pool=_str(data, "pool", what),
-        device=_str(data, "device", what),
-        device_id=_str(data, "device_id", what),
-        cdi_ids=_strs(data.get("cdi_ids", []), f"{what}.cdi_ids"),
-        prepare_group=group,
-        share_id=share if isinstance(share := data.get("share_id"), str) else None,
-        consumed_capacity=_pairs(data.get("consumed_capacity")),
-        prepared=_flag(data, "prepared", True),
-        release=_flag(data, "release", True),
-        admin_access=_flag(data, "admin_access", False),
-    )
-
-
-def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, list):
-        return ()  # lenient: absent in files of earlier cdiplug
-    return tuple((p[0], p[1]) for p in value if isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p))
-
-
-def _flag(data: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = data.get(key, default)
-    return value if isinstance(value, bool) else default  # lenient: a file of another cdiplug
-
-
-def _config(data: Any, what: str) -> ConfigEntry:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{what} must be a mapping")
-    try:
-        source = ConfigSource(data.get("source"))
-    except ValueError:
-        raise ValueError(f"{what}.source must be FromClass or FromClaim") from None
-    parameters = data.get("parameters", {})
-    if not isinstance(parameters, Mapping):
-        raise ValueError(f"{what}.parameters must be a mapping")
-    return ConfigEntry(source=source, requests=_strs(data.get("requests", []), f"{what}.requests"), parameters=parameters)
+_conv = stateconv.converter()
+# Pairs of two strings; any other entry is left out (a file of another cdiplug).
+_conv.register_structure_hook_func(
+    lambda t: t == tuple[tuple[str, str], ...],
+    lambda v, _: (
+        tuple((p[0], p[1]) for p in v if isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p))
+        if isinstance(v, list)
+        else ()
+    ),
+)
 
 
 def _claim(uid: str, data: Any, version: int) -> PreparedClaim:
     what = f"claims[{brief(uid)}]"
     if not isinstance(data, Mapping):
         raise ValueError(f"{what} must be a mapping")
-    devices = data.get("devices", [])
-    if not isinstance(devices, list):
-        raise ValueError(f"{what}.devices must be a list")
-    spec_file = _str(data, "spec_file", what) if "spec_file" in data else ""
-    if "/" in spec_file or spec_file in (".", ".."):
-        raise ValueError(f"{what}.spec_file must be a file name")
-    if version == 1:
-        state = ClaimState.COMPLETED  # version 1 recorded claims only once complete
-    else:
-        try:
-            state = ClaimState(data.get("state"))
-        except ValueError:
-            raise ValueError(f"{what}.state must be PrepareStarted or PrepareCompleted, got {brief(data.get('state'))}") from None
-    configs = data.get("configs", [])
-    if not isinstance(configs, list):
-        raise ValueError(f"{what}.configs must be a list")
-    boot_id = data.get("boot_id")
-    if not isinstance(boot_id, str) or not 0 < len(boot_id) <= 64:
-        boot_id = None  # lenient: unknown, so the claim is prepared again at the next start
-    owner = data.get("owner")
-    if not isinstance(owner, str) or len(owner) > 64:
-        owner = ""  # lenient: no owner known, so a start rolls a started claim back
-    return PreparedClaim(
-        uid=uid,
-        namespace=_str(data, "namespace", what),
-        name=_str(data, "name", what),
-        driver=_str(data, "driver", what),
-        resource=_str(data, "resource", what),
-        devices=tuple(_device(d, f"{what}.devices[{i}]") for i, d in enumerate(devices)),
-        spec_file=spec_file,
-        state=state,
-        configs=tuple(_config(c, f"{what}.configs[{i}]") for i, c in enumerate(configs)),
-        boot_id=boot_id,
-        owner=owner,
-    )
+    # Version 1 recorded claims only once complete; version 2 must say how far a claim got.
+    state = ClaimState.COMPLETED.value if version == 1 else data.get("state")
+    return stateconv.structure(_conv, {**data, "uid": uid, "state": state}, PreparedClaim, what)
 
 
 @frozen
@@ -278,22 +205,12 @@ def parse(text: bytes) -> dict[str, PreparedClaim]:
 # -- encoding --------------------------------------------------------------------------------------
 
 
-_DEFAULTS: dict[str, Any] = {"prepared": True, "release": True, "admin_access": False, "share_id": None, "consumed_capacity": []}
-
-
-def _default(key: str, value: Any) -> bool:
-    return key in _DEFAULTS and (list(value) if isinstance(value, tuple) else value) == _DEFAULTS[key]
-
-
 def _record(claim: PreparedClaim) -> dict[str, Any]:
-    record = {k: v for k, v in attrs.asdict(claim, recurse=True).items() if k != "uid"}
-    record["state"] = claim.state.value
+    record: dict[str, Any] = _conv.unstructure(claim)
+    del record["uid"]
     # How a device was shaped, and its share, are written only where they are not a plain
     # preparation of a whole device (the defaults): such a record stays as earlier cdiplug wrote it.
-    record["devices"] = [{k: v for k, v in d.items() if not _default(k, v)} for d in record["devices"]]
-    record["configs"] = [
-        {"source": c.source.value, "requests": list(c.requests), "parameters": c.parameters} for c in claim.configs
-    ]
+    record["devices"] = [stateconv.without_lenient_defaults(d, PreparedDevice) for d in record["devices"]]
     return record
 
 
@@ -336,32 +253,9 @@ def save(path: Path, claims: Mapping[str, PreparedClaim], durable: bool = True) 
     statefile.write(path, render(claims), WHAT, durable=durable)
 
 
-@contextlib.contextmanager
-def locked(path: Path, wait: float = LOCK_WAIT) -> Iterator[None]:
+def locked(path: Path, wait: float = LOCK_WAIT) -> contextlib.AbstractContextManager[None]:
     """Hold ``fcntl.flock`` on ``<path>.lock`` (blocking, at most ``wait`` seconds); StateFileError otherwise."""
-    lock = path.with_name(path.name + ".lock")
-    try:
-        lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a --state-dir not made yet
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-    except OSError as exc:
-        raise statefile.StateFileError(f"cannot open the lock {lock} of the {WHAT}: {exc.strerror or exc}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise statefile.StateFileError(f"the lock {lock} of the {WHAT} is not a regular file")
-        deadline = time.monotonic() + wait
-        delay = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise statefile.StateFileError(f"the {WHAT} {path} stayed locked by another process for {wait:g} s") from None
-                time.sleep(delay)  # flock has no timeout of its own; a blocking thread could not be given up
-                delay = min(delay * 2, 0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return filelock.locked(path.with_name(path.name + ".lock"), f"the {WHAT} {path}", wait=wait)
 
 
 def _locked_load(path: Path) -> dict[str, PreparedClaim]:

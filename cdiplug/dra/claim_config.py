@@ -37,7 +37,7 @@ from cdiplug.backend import CheckedOptions, ClaimConfigurable, Configured
 from cdiplug.config import converter
 from cdiplug.dra import shares
 from cdiplug.dra.checkpoint import PreparedClaim
-from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, ConfigEntry, allocated
+from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, ConfigEntry
 from cdiplug.errors import InvalidRequest
 from cdiplug.host.preparations import Preparations
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
@@ -70,13 +70,15 @@ def decode(
     request: str,
     check_type: bool = True,
     check_values: bool = True,
+    where: str | None = None,
 ) -> Any:
     """``parameters`` as ``config_type``; InvalidRequest naming the field, the claim and the request.
 
     ``check_type``: apiVersion and kind are checked (each entry has them, the merge not);
     ``check_values``: the checks across fields (``problems()``; the merge only: one entry may
-    set what another's fields need)."""
-    where = _where(ref, request)
+    set what another's fields need); ``where``: the object named in the errors, if not the claim
+    (the admission webhook names a ResourceClaimTemplate or a DeviceClass)."""
+    where = where or _where(ref, request)
     if check_type:
         for key, want in zip(_TYPE_KEYS, (API_VERSION, kind)):
             got = parameters.get(key)
@@ -225,9 +227,7 @@ async def prepare(
     return [again[n].device for n in wanted]
 
 
-async def check_unchanged(
-    read: Callable[[], Awaitable[Mapping[str, Any]]], ref: ClaimRef, done: PreparedClaim, pool: str
-) -> None:
+async def check_unchanged(read: Callable[[], Awaitable[AllocatedClaim]], ref: ClaimRef, done: PreparedClaim) -> None:
     """A repeated prepare of a completed claim prepared with a configuration: InvalidRequest when
     the claim's is no longer that one (deallocated and allocated again meanwhile, the UID kept).
 
@@ -235,7 +235,7 @@ async def check_unchanged(
     in the API. When the claim cannot be read (the API server down, the claim gone), the
     checkpoint answers: the kubelet's retry never depends on the API server."""
     try:
-        claim = allocated(await read(), ref, done.driver, pool)
+        claim = await read()
     except Exception as exc:
         log.debug("claim %s: answered from the checkpoint, the claim cannot be read again: %s", ref, exc)
         return

@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 from attrs import frozen
 
 from cdiplug.errors import InvalidRequest
@@ -84,8 +85,8 @@ class ConfigEntry:
     """One opaque configuration entry for our driver: where it came from, whom it applies to, what it says."""
 
     source: ConfigSource
-    requests: tuple[str, ...]  # empty: every request of the claim
-    parameters: Mapping[str, Any]  # the opaque JSON object, decoded by the backend
+    requests: tuple[str, ...] = ()  # empty: every request of the claim
+    parameters: Mapping[str, Any] = attrs.field(factory=dict)  # the opaque JSON object, decoded by the backend
 
     def applies_to(self, request: str) -> bool:
         return not self.requests or request in self.requests or request.partition("/")[0] in self.requests

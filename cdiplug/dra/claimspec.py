@@ -32,6 +32,7 @@ from cdiplug.cdi.sweep import sweep
 from cdiplug.errors import CdiError
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Mount
 from cdiplug.toolkit.atomic import make_dirs, write_atomic
+from cdiplug.toolkit.tally import CDI_WRITE_FAILURES
 
 CLAIM_PREFIX = "cdiplug-claim-"
 FILE_MODE = 0o644
@@ -96,6 +97,7 @@ def write(cdi_dir: Path, uid: str, content: bytes) -> Path:
         make_dirs(Path(cdi_dir), DIR_MODE)
         write_atomic(path, content, FILE_MODE)
     except OSError as exc:
+        CDI_WRITE_FAILURES.add("claim")
         raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
     return path
 
@@ -116,3 +118,8 @@ def remove_stale(cdi_dir: Path, keep_uids: Iterable[str]) -> list[Path]:
     """Remove claim specs whose claim is not in ``keep_uids`` (a crash between write and checkpoint)."""
     keep = {f"{CLAIM_PREFIX}{u}.json" for u in keep_uids}
     return sweep(cdi_dir, lambda name: name.startswith(CLAIM_PREFIX) and name.endswith(".json") and name not in keep)
+
+
+def exists(cdi_dir: Path, uid: str) -> bool:
+    """Whether the claim's spec is there."""
+    return (Path(cdi_dir) / file_name(uid)).exists()

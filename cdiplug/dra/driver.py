@@ -69,10 +69,10 @@ class DraDriver:
         recorder: Recorder = NULL_RECORDER,
         heartbeat: float = HEARTBEAT,
     ) -> None:
+        self.preparer = preparer
         self.resource = resource
         self.driver = resource.dra_driver
         self.world = world
-        self.preparer = preparer
         self.publisher = publisher
         self.supervisor = supervisor
         self.recorder = recorder
@@ -83,6 +83,15 @@ class DraDriver:
         self._dra_server = UnixServer(self.dra_socket, self._add_dra_services)
         reg = registration.RegistrationService(self.driver, self.dra_socket, service.SUPPORTED_VERSIONS, self._on_status)
         self._registration_server = UnixServer(self.registration_socket, lambda s: registration.add_to_server(s, reg))
+
+    @property
+    def resource(self) -> ResourceConfig[Any]:
+        """The resource as configured now: one copy, the preparer's (a reload sets it here)."""
+        return self.preparer.resource
+
+    @resource.setter
+    def resource(self, resource: ResourceConfig[Any]) -> None:
+        self.preparer.resource = resource
 
     @property
     def name(self) -> str:
@@ -104,7 +113,8 @@ class DraDriver:
 
     def offer(self, snapshot: DeviceSnapshot) -> None:
         self.latest = snapshot
-        self.recorder.devices(self.name, snapshot.healthy_count(), len(snapshot.devices) - snapshot.healthy_count())
+        healthy = snapshot.healthy_count()
+        self.recorder.devices(self.name, healthy, len(snapshot.devices) - healthy, snapshot.unhealthy_causes())
         self.publisher.want(snapshot)
         self.health.update(snapshot)
         self.preparer.devices_known()

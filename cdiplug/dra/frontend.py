@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cdiplug.dra import claimspec, metadata
@@ -45,19 +45,14 @@ from cdiplug.dra.rollback import roll_back_started
 from cdiplug.errors import CdiplugError
 from cdiplug.frontend import FrontEndBase, FrontEndParts, Problem, changes, socket_problem
 from cdiplug.host import BackendHost
-from cdiplug.kube.client import KubeClient, connect
+from cdiplug.kube.client import KubeClient
+from cdiplug.kube.factory import ClientFactory, default_client
 from cdiplug.models.names import is_dns_subdomain
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import SupervisorClosed
 
 log = logging.getLogger(__name__)
-
-ClientFactory = Callable[[World], KubeClient]
-
-
-def default_client(world: World) -> KubeClient:
-    return connect(world.kubeconfig)
 
 
 class DraFrontEnd(FrontEndBase[BackendHost]):
@@ -66,13 +61,13 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
     def __init__(self, parts: FrontEndParts[BackendHost], *, client_factory: ClientFactory = default_client) -> None:
         super().__init__(parts)
         self.client_factory = client_factory
-        self.store = ClaimStore(self.world.state_dir)
+        self.store = ClaimStore(self.world.own_state_dir)
         self._client: KubeClient | None = None
         self._drivers: dict[str, DraDriver] = {}
         self._draining: dict[str, DraDriver] = {}  # by driver name: left the configuration, claims still prepared
         self.boot_id: str | None = None  # read at start (world.host_path: tests fake it)
         # With --pod-uid another instance may share our state (a rolling update): we say we run.
-        self.instance = InstanceLock(self.world.state_dir, self.world.pod_uid) if self.world.pod_uid else None
+        self.instance = InstanceLock(self.world.own_state_dir, self.world.pod_uid) if self.world.pod_uid else None
 
     # -- introspection (tests) --
 
@@ -231,7 +226,6 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             for rc in diff.changed:
                 current = self._drivers[rc.name]
                 current.resource = rc
-                current.preparer.resource = rc
                 self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
             for rc in diff.added:
                 if (left := self._draining.pop(rc.dra_driver, None)) is not None:

@@ -11,12 +11,12 @@ pod UIDs, checked by :func:`~cdiplug.models.world.pod_uid_problem` before they n
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from pathlib import Path
 
 from cdiplug.models.world import pod_uid_problem
+from cdiplug.toolkit import filelock
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +40,8 @@ class InstanceLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Hold the lock; OSError when another process of the same pod UID holds it (or it cannot be made)."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise
-        self._fd = fd
+        """Hold the lock; StateFileError when another process of the same pod UID holds it (or it cannot be made)."""
+        self._fd = filelock.hold(self.path, f"the instance lock of {self.instance}", wait=0)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -64,15 +57,7 @@ class InstanceLock:
             path = _path(self.state_dir, instance)
         except ValueError:
             return False  # no pod UID: no instance of ours
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            return False  # never started, or stopped cleanly
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if filelock.is_held(path):
             return True
-        finally:
-            os.close(fd)
-        log.debug("instance %s left its lock file behind: it is gone", instance)
+        log.debug("instance %s left no lock held behind: it is gone", instance)
         return False

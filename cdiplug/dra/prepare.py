@@ -28,19 +28,15 @@ as a DRA driver:
   backend's Unpreparer: PCI ``release: restore`` gives the device back to its driver) and the
   claim forgotten — whether it completed or only started. A claim we do not know is already
   unprepared.
-- **drain** (the resource leaves DRA on this node while claims are prepared): claims not prepared
-  yet are refused, prepared ones still answered and unprepared, and the front end is told once
-  none of the driver's claims is left, so it can stop the driver's sockets only then (the kubelet
-  needs them to unprepare: without, a pod using a claim would stay Terminating).
+- **drain** (the resource leaves DRA on this node while claims are prepared: :mod:`.drain`):
+  claims not prepared yet are refused, prepared ones still answered and unprepared.
+- **restore** (at start, on the driver's first snapshot: :mod:`.restore`): completed claims a
+  reboot undid are planned again from their records and materialized; prepares wait for it.
 
-- **restore** (at start, on the driver's first snapshot): a reboot wipes the CDI folder (a tmpfs)
-  and undoes what preparation did (a VFIO bind) while the checkpoint survives. Every
-  ``PrepareCompleted`` claim of the driver that was prepared in another boot (the boot ID in the
-  checkpoint differs from ``/proc/sys/kernel/random/boot_id``, or is unknown) or whose spec is
-  missing is prepared again through the host (idempotent) and its spec written again; the claim
-  keeps its record, so the kubelet's unprepare after the reboot still releases it. Prepares wait
-  (at most :data:`RESTORE_WAIT` seconds) until the restore is done, so no answer names a spec
-  that is not there.
+What a claim means is planned once (:class:`~cdiplug.dra.plan.ClaimPlan`, every check that can
+fail it before anything is touched) and carried out by :func:`~cdiplug.dra.plan.materialize`,
+the one step a prepare and a restore share; the claim's status is written by
+:class:`~cdiplug.dra.status.StatusWriter`.
 
 Why roll back at start rather than after a grace period: a started claim was never answered as
 prepared, so no container holds its devices and releasing them is safe; the kubelet retries an
@@ -63,23 +59,25 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from cdiplug.backend import ClaimConfigurable, Configured
-from cdiplug.dra import claim_config, claimspec, metadata, shares, status
+from cdiplug.backend import ClaimConfigurable
+from cdiplug.dra import claim_config, claimspec, metadata, status
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
-from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, allocated
+from cdiplug.dra.claims import AllocatedClaim, ClaimRef
+from cdiplug.dra.drain import Drain
 from cdiplug.dra.handler import ClaimHandler
+from cdiplug.dra.plan import ClaimPlan, Planner, materialize, no_step, read_claim
+from cdiplug.dra.restore import Restorer
 from cdiplug.dra.rollback import Step, undo
-from cdiplug.dra.slices import names_to_ids
 from cdiplug.errors import DeviceUnavailable, InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
-from cdiplug.models.devices import Device, DeviceSnapshot, Mount
+from cdiplug.models.devices import Device, DeviceSnapshot
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
 from cdiplug.toolkit.keyedlock import KeyedLock
@@ -88,7 +86,6 @@ log = logging.getLogger(__name__)
 
 PAUSE_ENV = "CDIPLUG_DRA_PAUSE_AFTER"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-RESTORE_WAIT = 10.0  # seconds a prepare waits for the start-up restore; the kubelet's deadline is longer
 DEVICES_WAIT = 10.0  # seconds a prepare waits for the backend's first snapshot (the kubelet may call at once)
 
 
@@ -130,18 +127,13 @@ class ClaimPreparer(ClaimHandler):
         self.cdi_dir = Path(cdi_dir)
         self.recorder = recorder
         self.pause_after = pause_after if pause_after is not None else os.environ.get(PAUSE_ENV) or None
-        self._locks: KeyedLock[str] = KeyedLock()
-        self._status_writes: dict[str, asyncio.Task[None]] = {}  # the last status write per claim UID
         self.boot_id = boot_id
         self.instance = instance  # our pod UID, recorded as the owner of what we start preparing
-        # The completed claims of this driver to check once its devices are known (restore).
-        self._to_restore = [c.uid for c in store.all() if c.completed and c.driver == self.driver and c.devices]
-        self._restored = asyncio.Event()
-        self._restoring = False
+        self._locks: KeyedLock[str] = KeyedLock()
+        self._status = status.StatusWriter(client, self.driver)
+        self._restorer = Restorer(store, self.driver, self.cdi_dir, boot_id, self._locks, self._respec)
+        self._drain = Drain(store, self.driver)
         self._known = asyncio.Event()  # set by devices_known(): the backend has reported
-        if not self._to_restore:
-            self._restored.set()
-        self._drained: Callable[[], None] | None = None  # set while draining: called once none is left
 
     @property
     def resource_name(self) -> str:
@@ -150,13 +142,7 @@ class ClaimPreparer(ClaimHandler):
     def drain(self, drained: Callable[[], None]) -> None:
         """The driver leaves this node: refuse claims not prepared here, go on unpreparing, and
         call ``drained`` once no claim of the driver is in the checkpoint (at once when none is)."""
-        self._drained = drained
-        self._check_drained()
-
-    def _check_drained(self) -> None:
-        if self._drained is not None and not any(c.driver == self.driver for c in self.store.all()):
-            drained, self._drained = self._drained, None
-            drained()
+        self._drain.start(drained)
 
     def _prepared_now(self) -> int:
         """This driver's claims prepared now (``cdiplug_dra_claims_prepared``)."""
@@ -173,6 +159,15 @@ class ClaimPreparer(ClaimHandler):
             log.warning("cdiplug-test-hook: DRA paused after %s (claim %s)", step.value, uid)
             await asyncio.Event().wait()  # the test kills us here
 
+    def _configurable(self) -> ClaimConfigurable[Any] | None:
+        return self.host.abilities(self.resource.name).configurable
+
+    def _planner(self) -> Planner:
+        """Planned with the resource as configured now (a reload may change it) and its backend's abilities."""
+        rc = self.resource
+        metadata_dir = self.plugins_dir if rc.device_metadata else None
+        return Planner(self.driver, rc.name, self.node, self._configurable(), metadata_dir, self.boot_id, self.instance)
+
     # -- prepare --
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
@@ -181,7 +176,7 @@ class ClaimPreparer(ClaimHandler):
         try:
             claimspec.check_uid(ref.uid)
             await self._wait_devices()
-            await self._wait_restored()
+            await self._restorer.wait(self.host.latest(self.resource.name))
             async with self._locks(ref.uid):
                 await self._read_shared()
                 done = self.store.get(ref.uid)
@@ -190,7 +185,7 @@ class ClaimPreparer(ClaimHandler):
                     await self._ensure_spec(done)
                     ok = True
                     return done
-                if self._drained is not None:
+                if self._drain.active:
                     raise DeviceUnavailable(
                         f"{self.driver}: claim {ref} not prepared: {self.resource.name} is no longer served by DRA on this node"
                     )
@@ -202,45 +197,20 @@ class ClaimPreparer(ClaimHandler):
             self.recorder.claims_prepared(self.resource.name, self.driver, self._prepared_now())
 
     async def _prepare(self, ref: ClaimRef) -> PreparedClaim:
-        obj = await self.client().get_claim(ref.namespace, ref.name)
-        claim = allocated(obj, ref, self.driver, self.node)
-        name = self.resource.name
-        if not claim.results:
-            empty = PreparedClaim(ref.uid, ref.namespace, ref.name, self.driver, name, (), "", configs=claim.configs)
-            await self.store.put(empty)
-            return empty
-        snapshot = self.host.latest(name)
-        if snapshot is None:
-            raise DeviceUnavailable(f"{self.driver}: no devices known yet (the backend has not reported)")
-        ids = names_to_ids(snapshot.devices)
-        unknown = sorted({r.device for r in claim.results if r.device not in ids})
-        if unknown:
-            raise DeviceUnavailable(f"{self.driver}: claim {ref} names devices this node does not have: {', '.join(unknown)}")
-        # Each device (or share of one) once, in the claim's order (a device may serve several requests).
-        wanted: dict[str, Device] = {}
-        for r in claim.results:
-            device = snapshot.get(ids[r.device])
-            assert device is not None
-            wanted.setdefault(shares.entry_name(r.device, r.share_id), device)
-        # Before any side effect: a wrong configuration fails this claim alone (InvalidRequest).
-        shapes = self._shape(claim, wanted)
-        record = self._record(claim, wanted, shapes)
-        # Before any side effect: refuses names no path may hold.
-        pod_claim = metadata.pod_claim_name(obj) if self.resource.device_metadata else None
-        mounts = self._metadata_mounts(record, pod_claim)
+        planner = self._planner()
+        read = await read_claim(self.client(), ref, self.driver, self.node, pod_claim=planner.metadata_dir is not None)
+        plan = planner.fresh(read, self.host.latest(self.resource.name))  # every check, before any side effect
+        if plan.empty:
+            await self.store.put(plan.record)
+            return plan.record
+        record = plan.record
         # PrepareStarted, before anything is touched. Not fsynced: it guards against the process
         # dying; what a power loss resets (VFIO bindings, the tmpfs CDI folder) needs no guard, and
         # the PCI backend journals its own steps durably.
         await self.store.put(record, durable=False)
         try:
             await self._step(Step.STARTED, ref.uid)
-            prepared = await self._prepare_shaped(claim, wanted, shapes)
-            await self._step(Step.PREPARED, ref.uid)
-            devices = self._with_consumed(record, prepared)
-            content = claimspec.render(self.driver, ref.uid, claim_config.for_claim(snapshot, shapes), devices, mounts)
-            await self._write_metadata(record, devices, pod_claim)
-            await asyncio.to_thread(claimspec.write, self.cdi_dir, ref.uid, content)
-            await self._step(Step.SPEC, ref.uid)
+            devices = await self._materialize(plan, self._step)
         except asyncio.CancelledError:  # the kubelet gave up (restarted, timed out): never answered, so undone
             await asyncio.shield(self._roll_back(record, "its prepare call was cancelled"))
             log.warning("claim %s: the prepare call was cancelled (the kubelet went away); rolled back", ref)
@@ -248,114 +218,40 @@ class ClaimPreparer(ClaimHandler):
         except Exception as exc:
             await self._roll_back(record, "its preparation failed")
             failed = status.Failure(status.PREPARE_FAILED, str(exc))
-            await self._status(
-                ref, [_entry(self.driver, self.node, d, w, failed) for d, w in zip(record.devices, wanted.values())]
+            self._write_status(
+                ref, [_entry(self.driver, self.node, d, w, failed) for d, w in zip(record.devices, plan.wanted.values())]
             )
             raise
         done = attrs.evolve(record, state=ClaimState.COMPLETED)
         await self.store.put(done)
         await self._step(Step.COMPLETED, ref.uid)
-        await self._status(ref, [_entry(self.driver, self.node, d, device) for d, (_, device) in zip(record.devices, devices)])
-        log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in done.devices), extra={"resource": name})
+        self._write_status(ref, [_entry(self.driver, self.node, d, device) for d, (_, device) in zip(record.devices, devices)])
+        log.info(
+            "prepared claim %s: %s", ref, ", ".join(d.device for d in done.devices), extra={"resource": plan.record.resource}
+        )
         return done
 
-    @staticmethod
-    def _with_consumed(record: PreparedClaim, prepared: list[Device]) -> list[tuple[str, Device]]:
-        """The record's devices as prepared, named as in its spec, with what each share consumed in
-        its env (:mod:`.shares`)."""
-        return shares.with_consumed([(_entry_name(d), p, d.consumed_capacity) for d, p in zip(record.devices, prepared)])
+    async def _materialize(
+        self, plan: ClaimPlan, step: Callable[[Step, str], Awaitable[None]] = no_step
+    ) -> list[tuple[str, Device]]:
+        preparations = self.host.preparations(self.resource.name)
+        return await materialize(plan, preparations, self._configurable(), self.cdi_dir, step)
 
-    async def _status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        """Our entries of the claim's ``status.devices`` (KEP-4817), written in the background so that
-        the kubelet's answer never waits for the API server; in order per claim (a clear never
-        overtakes the write before it); a failure is logged (:mod:`.status`)."""
-        previous = self._status_writes.get(ref.uid)
-
-        async def write() -> None:
-            if previous is not None:
-                await asyncio.gather(previous, return_exceptions=True)
-            await status.publish(self.client, self.driver, ref.namespace, ref.name, ref.uid, entries)
-
-        task = asyncio.create_task(write(), name=f"dra-status:{self.driver}:{ref.uid}")
-        self._status_writes[ref.uid] = task
-        task.add_done_callback(lambda t: self._status_writes.pop(ref.uid) if self._status_writes.get(ref.uid) is t else None)
+    def _write_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """Our entries of the claim's ``status.devices`` (KEP-4817), in the background (:class:`~.status.StatusWriter`)."""
+        self._status.write(ref.namespace, ref.name, ref.uid, entries)
 
     async def status_settled(self) -> None:
         """Until every status write begun so far has ended (tests; a clean stop)."""
-        while self._status_writes:
-            await asyncio.gather(*self._status_writes.values(), return_exceptions=True)
-
-    # -- per-claim configuration and admin access (claim_config) --
-
-    def _configurable(self) -> ClaimConfigurable[Any] | None:
-        return self.host.abilities(self.resource.name).configurable
-
-    def _shape(self, claim: AllocatedClaim, wanted: dict[str, Device]) -> dict[str, Configured]:
-        return claim_config.configure(claim, wanted, self.resource.name, self._configurable())
-
-    async def _prepare_shaped(
-        self, claim: AllocatedClaim, wanted: dict[str, Device], shapes: dict[str, Configured]
-    ) -> list[Device]:
-        preparations = self.host.preparations(self.resource.name)
-        return await claim_config.prepare(preparations, self.resource.name, claim, wanted, shapes, self._configurable())
+        await self._status.settled()
 
     async def _same_configuration(self, ref: ClaimRef, done: PreparedClaim) -> None:
         if done.configs:  # else answered from the checkpoint without a read, as ever
-            await claim_config.check_unchanged(lambda: self.client().get_claim(ref.namespace, ref.name), ref, done, self.node)
 
-    def _record(self, claim: AllocatedClaim, wanted: dict[str, Device], shapes: dict[str, Configured]) -> PreparedClaim:
-        """The PrepareStarted record: every device the claim will touch, as the answer will name it."""
-        ref = claim.ref
-        requests: dict[str, list[str]] = {}
-        results: dict[str, AllocatedDevice] = {}
-        for r in claim.results:
-            entry = shares.entry_name(r.device, r.share_id)
-            requests.setdefault(entry, []).append(r.request)
-            results.setdefault(entry, r)
-        admin = claim_config.admin_devices(claim)
-        devices = tuple(
-            PreparedDevice(
-                request_names=tuple(requests[entry]),
-                pool=self.node,
-                device=results[entry].device,
-                device_id=device.id,
-                cdi_ids=(claimspec.cdi_name(self.driver, ref.uid, entry),),
-                prepare_group=device.prepare_group,
-                share_id=results[entry].share_id,
-                consumed_capacity=results[entry].consumed_capacity,
-                prepared=shapes[entry].prepare,
-                release=shapes[entry].release,
-                admin_access=entry in admin,
-            )
-            for entry, device in wanted.items()
-        )
-        spec_file = claimspec.file_name(ref.uid)
-        return PreparedClaim(
-            ref.uid,
-            ref.namespace,
-            ref.name,
-            self.driver,
-            self.resource.name,
-            devices,
-            spec_file,
-            ClaimState.STARTED,
-            claim.configs,
-            self.boot_id,
-            self.instance,
-        )
+            async def read() -> AllocatedClaim:
+                return (await read_claim(self.client(), ref, done.driver, self.node)).claim
 
-    # -- device metadata (KEP-5304), with device_metadata: true --
-
-    def _metadata_mounts(self, record: PreparedClaim, pod_claim: str | None) -> dict[str, tuple[Mount, ...]] | None:
-        if not self.resource.device_metadata or self.plugins_dir is None:
-            return None
-        by_device = metadata.mounts(self.plugins_dir, record, pod_claim)
-        return {_entry_name(d): by_device[d.device] for d in record.devices if d.device in by_device}  # shares: by entry
-
-    async def _write_metadata(self, record: PreparedClaim, devices: list[tuple[str, Device]], pod_claim: str | None) -> None:
-        if self.resource.device_metadata and self.plugins_dir is not None:
-            by_device = {d.device: device for d, (_, device) in zip(record.devices, devices)}
-            await asyncio.to_thread(metadata.write, self.plugins_dir, record, by_device, pod_claim)
+            await claim_config.check_unchanged(read, ref, done)
 
     async def _remove_metadata(self, record: PreparedClaim) -> None:
         # Whatever the setting is now: it may have been on when the claim was prepared.
@@ -376,7 +272,7 @@ class ClaimPreparer(ClaimHandler):
 
     async def _ensure_spec(self, done: PreparedClaim) -> None:
         """Write the spec of a checkpointed claim again if it went missing; DeviceUnavailable when it cannot be."""
-        if not done.spec_file or (self.cdi_dir / done.spec_file).exists():
+        if not done.spec_file or claimspec.exists(self.cdi_dir, done.uid):
             return
         snapshot = self.host.latest(self.resource.name)
         if snapshot is None:  # never answer CDI names whose spec is not there: the kubelet retries
@@ -384,34 +280,19 @@ class ClaimPreparer(ClaimHandler):
         await self._respec(done, snapshot)
 
     async def _respec(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> None:
-        """Prepare a completed claim's devices again through the host (idempotent) and write its spec."""
-        gone = [d.device for d in record.devices if snapshot.get(d.device_id) is None]
-        if gone:
-            raise DeviceUnavailable(f"{self.driver}: claim {record.uid} names devices this node no longer has: {', '.join(gone)}")
-        name = self.resource.name
-        wanted: dict[str, Device] = {}
-        for d in record.devices:
-            device = snapshot.get(d.device_id)
-            assert device is not None  # checked above
-            wanted[_entry_name(d)] = device
-        claim = claim_config.recorded_claim(record)
-        shapes = claim_config.configure(claim, wanted, name, self._configurable())
-        shapes = {n: attrs.evolve(s, prepare=d.prepared) for n, s, d in zip(wanted, shapes.values(), record.devices)}
-        named = self._with_consumed(record, await self._prepare_shaped(claim, wanted, shapes))
-        snapshot = claim_config.for_claim(snapshot, shapes)
+        """A completed claim planned again from its record and materialized (the host's preparation is idempotent)."""
+        planner = self._planner()
         pod_claim = None
-        if self.resource.device_metadata and self.plugins_dir is not None:
-            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.plugins_dir, record)
-        content = claimspec.render(self.driver, record.uid, snapshot, named, self._metadata_mounts(record, pod_claim))
-        await self._write_metadata(record, named, pod_claim)
-        await asyncio.to_thread(claimspec.write, self.cdi_dir, record.uid, content)
+        if planner.metadata_dir is not None:
+            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, planner.metadata_dir, record)
+        await self._materialize(planner.again(record, snapshot, pod_claim))
         log.info("prepared claim %s/%s (%s) again and wrote its CDI spec", record.namespace, record.name, record.uid)
 
-    # -- restore at start --
+    # -- restore at start (:mod:`.restore`) --
 
     @property
     def restore_pending(self) -> bool:
-        return not self._restored.is_set()
+        return self._restorer.pending
 
     def devices_known(self) -> None:
         """The backend has reported its first snapshot: prepares waiting for it go on."""
@@ -427,62 +308,9 @@ class ClaimPreparer(ClaimHandler):
         except TimeoutError:
             pass  # the prepare answers "no devices known yet"
 
-    async def _wait_restored(self) -> None:
-        if self._restored.is_set():
-            return
-        snapshot = self.host.latest(self.resource.name)
-        if not self._restoring and snapshot is not None:
-            await self.restore(snapshot)  # the devices are known: restore now rather than wait
-            return
-        try:
-            await asyncio.wait_for(self._restored.wait(), RESTORE_WAIT)
-        except TimeoutError:
-            log.warning("%s: answering a prepare before the start-up restore is done (no devices yet)", self.driver)
-
     async def restore(self, snapshot: DeviceSnapshot) -> int:
-        """Prepare again, and write the specs of, this driver's completed claims that a reboot undid.
-
-        A claim needs it when it was prepared in another boot (or one not known) or its spec is
-        missing. A claim that cannot be restored is logged and kept (its next prepare tries
-        again, its unprepare releases it). Returns how many were restored.
-        """
-        if self._restoring or self._restored.is_set():
-            await self._restored.wait()
-            return 0
-        self._restoring = True
-        restored = 0
-        try:
-            for uid in self._to_restore:
-                async with self._locks(uid):
-                    record = self.store.get(uid)
-                    if record is None or not record.completed or not record.spec_file:
-                        continue  # unprepared meanwhile
-                    new_boot = self.boot_id is not None and record.boot_id != self.boot_id
-                    if not new_boot and (self.cdi_dir / record.spec_file).exists():
-                        continue
-                    why = (
-                        f"prepared in an earlier boot ({record.boot_id or 'unknown'})" if new_boot else "its CDI spec is missing"
-                    )
-                    try:
-                        await self._respec(record, snapshot)
-                        if new_boot:
-                            await self.store.put(attrs.evolve(record, boot_id=self.boot_id))
-                    except Exception as exc:
-                        log.error("cannot restore claim %s/%s (%s), %s: %s", record.namespace, record.name, uid, why, exc)
-                        continue
-                    restored += 1
-                    log.warning(
-                        "restored claim %s/%s (%s): %s",
-                        record.namespace,
-                        record.name,
-                        uid,
-                        why,
-                        extra={"resource": record.resource},
-                    )
-        finally:
-            self._to_restore = []
-            self._restored.set()
-        return restored
+        """Prepare again, and write the specs of, this driver's completed claims that a reboot undid; how many."""
+        return await self._restorer.restore(snapshot)
 
     # -- unprepare --
 
@@ -498,16 +326,12 @@ class ClaimPreparer(ClaimHandler):
                     await self._remove_metadata(record)
                     await undo(record, self.host, self.store, self.cdi_dir, self._step)
                     log.info("unprepared claim %s (%s)", ref, record.state.value, extra={"resource": record.resource})
-                await self._status(ref, [])  # also what a failed prepare wrote
+                self._write_status(ref, [])  # also what a failed prepare wrote
             ok = True
-            self._check_drained()
+            self._drain.check()
         finally:
             self.recorder.unprepare_observed(self.resource.name, self.driver, time.perf_counter() - started, ok)
             self.recorder.claims_prepared(self.resource.name, self.driver, self._prepared_now())
-
-
-def _entry_name(d: PreparedDevice) -> str:
-    return shares.entry_name(d.device, d.share_id)
 
 
 def _entry(driver: str, node: str, d: PreparedDevice, device: Device, failed: status.Failure | None = None) -> dict[str, Any]:

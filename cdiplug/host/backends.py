@@ -274,6 +274,7 @@ class BackendHost:
             self._by_resource[name] = run
 
     def _spawn(self, run: _BackendRun) -> None:
+        self.recorder.backend_started(run.plugin)
         self.supervisor.spawn(run.task_name, self._run_backend(run))
 
     # -- running --

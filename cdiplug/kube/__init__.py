@@ -3,9 +3,11 @@
 - :mod:`.credentials`: where the API server is and how to authenticate (``--kubeconfig``,
   ``$KUBECONFIG``, ``~/.kube/config``, then in-cluster); bounded reads, errors naming the file.
   Imports no HTTP client.
-- :mod:`.client`: the :class:`~cdiplug.kube.client.KubeClient` protocol of plain-dict calls and
-  its lightkube implementation; every call bounded in time, errors naming the API object, the
+- :mod:`.client`: the :class:`~cdiplug.kube.client.KubeClient` protocol and its lightkube
+  implementation; every call bounded in time, every failure one error naming the call, the
   server and the credentials' source.
+- :mod:`.factory`: the one way a client is made (:func:`~cdiplug.kube.factory.default_client`),
+  for the DRA front end and the node's own Node.
 
 - :mod:`.node_labels`, :mod:`.events`, :mod:`.config_label` and :mod:`.own_node`: what the
   daemon does with its own Node (``cdiplug.dev/`` labels, Events, the label choosing its named

@@ -23,6 +23,12 @@ from the last version seen (the server answers 410 Gone if that is too old: list
 call is one watch request: lightkube would open the watch again itself, at once, whenever the
 server ends it, and a server (or a proxy) that ends every watch at once would make that a busy
 loop (some 300 requests a second); instead the events end and the caller decides, with backoff.
+That guard is the client's transport (lightkube's ``transport`` argument, an httpx2 transport
+wrapping the usual one): within one watch call it refuses a second watch request.
+
+Every failure of a call, whatever the client library raises for it (an error status, a
+redirect, an answer without a ``Content-Type`` that lightkube's own error handling trips over,
+an answer that does not decode), becomes one :class:`ApiCallError` naming the call.
 
 This module imports lightkube; only the DRA front end, ``node-capacity`` and the node's own
 dealings with its Node (:mod:`.own_node`) import it, each only when it is used.
@@ -40,11 +46,12 @@ from typing import Any, Protocol, TypeVar
 import httpx2
 import msgspec
 from lightkube import AsyncClient
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, Context, User
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.resources.core_v1 import Event, Node
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from cdiplug.errors import KubernetesError
@@ -55,9 +62,6 @@ DEFAULT_TIMEOUT = 10.0
 WATCH_TIMEOUT = 300  # seconds the server keeps one watch open (timeoutSeconds)
 WATCH_GRACE = 30.0  # seconds more without an event before a watch is given up as silent
 RETRY_AFTER_MAX = 300.0  # a longer Retry-After is not believed
-# What the client raises: the server's answers, the transport's failures, answers it cannot
-# decode, and lightkube's own refusals (an unreadable rotated token file, say).
-_ERRORS = (ApiError, httpx2.HTTPError, msgspec.ValidationError, msgspec.DecodeError, ConfigError, OSError)
 NOT_FOUND = 404
 CONFLICT = 409
 
@@ -177,12 +181,55 @@ def _dict(obj: Any) -> dict[str, Any]:
     return out
 
 
-async def _count_watch(request: httpx2.Request) -> None:
-    opens = _WATCH_OPENS.get()
-    if opens is not None and request.url.params.get("watch") == "true":
-        opens[0] += 1
-        if opens[0] > 1:
-            raise _WatchEnded
+class _OneWatchPerCall(httpx2.AsyncBaseTransport):
+    """The client's transport: within one :meth:`LightkubeClient.watch_slices` call, a second watch request is refused."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        opens = _WATCH_OPENS.get()
+        if opens is not None and request.url.params.get("watch") == "true":
+            opens[0] += 1
+            if opens[0] > 1:
+                raise _WatchEnded
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _transport(config: SingleConfig) -> _OneWatchPerCall:
+    """The usual transport (the server's CA, the client certificate) under the watch guard."""
+    assert config.user is not None
+    verify = verify_cluster(config.cluster, config.user, config.abs_file, trust_env=False)
+    return _OneWatchPerCall(httpx2.AsyncHTTPTransport(verify=verify, trust_env=False))
+
+
+def _status_error(exc: BaseException) -> httpx2.HTTPStatusError | None:
+    """The error answer behind ``exc`` (itself, or what it was raised while handling)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, httpx2.HTTPStatusError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _answer(error: httpx2.HTTPStatusError) -> str:
+    """An error answer in a few words: ``HTTP 500 Internal Server Error: <body>``, a redirect with its target."""
+    response = error.response
+    words = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+    location = response.headers.get("location")
+    if response.is_redirect and location:
+        return f"{words} to {location} (redirects are not followed)"
+    try:
+        body = " ".join(response.text.split())[:200]
+    except (httpx2.ResponseNotRead, UnicodeDecodeError):
+        body = ""
+    return f"{words}: {body}" if body else words
 
 
 class LightkubeClient:
@@ -200,16 +247,16 @@ class LightkubeClient:
         self.watch_timeout = watch_timeout
         self.watch_grace = watch_grace
         try:
+            config = lightkube_config(credentials)
             self._client = AsyncClient(
-                lightkube_config(credentials), field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(timeout), trust_env=False
+                config,
+                field_manager=FIELD_MANAGER,
+                timeout=httpx2.Timeout(timeout),
+                trust_env=False,
+                transport=_transport(config),
             )
         except (ConfigError, OSError, ValueError) as exc:  # ssl.SSLError among them: a CA or key not usable
             raise KubernetesError(f"cannot use the credentials from {credentials.source}: {exc}") from exc
-        transport = getattr(getattr(self._client, "_client", None), "_client", None)  # lightkube's httpx client
-        if isinstance(transport, httpx2.AsyncClient):
-            hooks = dict(transport.event_hooks)
-            hooks["request"] = [*hooks.get("request", []), _count_watch]
-            transport.event_hooks = hooks
 
     def _error(self, what: str, exc: BaseException) -> ApiCallError:
         where = self.credentials.where
@@ -220,13 +267,19 @@ class LightkubeClient:
             return ApiCallError(what, where, message, code, _retry_after(getattr(exc, "response", None)))
         if isinstance(exc, TimeoutError):
             return ApiCallError(what, where, f"no answer within {self.timeout:g} s")
+        answer = _status_error(exc)
+        if answer is not None:
+            response = answer.response
+            return ApiCallError(what, where, _answer(answer), response.status_code, _retry_after(response))
+        if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
+            return ApiCallError(what, where, f"the answer does not decode: {exc}")
         return ApiCallError(what, where, f"{type(exc).__name__}: {exc}")
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
             async with asyncio.timeout(self.timeout):
                 return await call
-        except (*_ERRORS, TimeoutError) as exc:
+        except Exception as exc:  # whatever the library raised (KeyError on an answer without Content-Type)
             raise self._error(what, exc) from exc
 
     async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
@@ -256,7 +309,7 @@ class LightkubeClient:
                 except (StopAsyncIteration, TimeoutError, _WatchEnded):
                     return  # ended, or silent for too long: the caller watches again from the last version
                 yield kind, _dict(obj)
-        except _ERRORS as exc:
+        except Exception as exc:
             raise self._error(f"watching the ResourceSlices of {driver} on {node} failed", exc) from exc
         finally:
             _WATCH_OPENS.set(None)  # not reset(token): a generator closed by the GC runs this elsewhere
@@ -282,6 +335,10 @@ class LightkubeClient:
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         what = f"cannot read ResourceClaim {namespace}/{name}"
         return _dict(await self._call(what, self._client.get(ResourceClaim, name, namespace=namespace)))
+
+    async def get_device_class(self, name: str) -> dict[str, Any]:
+        """DeviceClass ``name`` (the admission webhook reads a claim's classes' configuration)."""
+        return _dict(await self._call(f"cannot read DeviceClass {name}", self._client.get(DeviceClass, name)))
 
     async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
         call = self._client.patch(
@@ -312,7 +369,7 @@ class LightkubeClient:
         try:
             async for kind, obj in self._client.watch(Node, fields={"metadata.name": name}):
                 yield kind, _dict(obj)
-        except _ERRORS as exc:
+        except Exception as exc:
             raise self._error(f"watching Node {name} failed", exc) from exc
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:

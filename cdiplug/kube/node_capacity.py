@@ -142,4 +142,6 @@ class NodeCapacity:
             return f"{where}: unauthorized, the API server rejected the credentials ({message})"
         if exc.status == 422 and verb == "remove":
             return f"{where}: cannot remove, most likely a named resource is not in its capacity ({message})"
+        if message.startswith(f"HTTP {exc.status}"):  # an answer that is no Kubernetes Status: the client's words
+            return f"{where}: {message}"
         return f"{where}: HTTP {exc.status} ({message})"

@@ -23,6 +23,7 @@ from cdiplug.config import Config
 from cdiplug.host import BackendHost
 from cdiplug.kube.config_label import ConfigLabelWatch
 from cdiplug.kube.events import NodeEvents, health_changes
+from cdiplug.kube.factory import ClientFactory, default_client
 from cdiplug.kube.node_labels import NodeLabeler
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.world import World
@@ -32,14 +33,6 @@ if TYPE_CHECKING:
     from cdiplug.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
-
-ClientFactory = Callable[[World], "KubeClient"]
-
-
-def default_client(world: World) -> KubeClient:
-    from cdiplug.kube.client import connect  # lightkube only when the Node is asked something
-
-    return connect(world.kubeconfig)
 
 
 class OwnNode:

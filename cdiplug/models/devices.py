@@ -362,6 +362,15 @@ class DeviceSnapshot:
     def healthy_count(self) -> int:
         return sum(d.healthy for d in self.devices)
 
+    def unhealthy_causes(self) -> dict[str, int]:
+        """How many devices are Unhealthy, per cause name (``unhealthy`` when the backend named none)."""
+        out: dict[str, int] = {}
+        for d in self.devices:
+            cause = d.cause
+            if not d.healthy and cause is not None:
+                out[cause.name] = out.get(cause.name, 0) + 1
+        return out
+
     def with_devices(self, devices: Iterable[Device]) -> DeviceSnapshot:
         return attrs.evolve(self, devices=tuple(devices))
 

@@ -13,6 +13,8 @@ from pathlib import Path, PurePath
 
 from attrs import field, frozen
 
+from cdiplug.models.instance import Instance
+
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 DEFAULT_STATE_DIR = Path("/var/lib/cdiplug")
@@ -33,6 +35,25 @@ def pod_uid_problem(uid: str) -> str | None:
 
 def _check_pod_uid(instance: object, attribute: object, value: str | None) -> None:
     if value is not None and (problem := pod_uid_problem(value)) is not None:
+        raise ValueError(problem)
+
+
+def instance_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a cdiplug instance (a DNS label: lower-case letters, digits, '-'), or None.
+
+    The empty name is the default instance, whose files keep the names they had before instances
+    existed (:mod:`cdiplug.models.instance` describes the scheme).
+    """
+    if name and _POD_UID.fullmatch(name) is None:
+        return (
+            f"instance name {name[:80]!r} must be a DNS label: lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters"
+        )
+    return None
+
+
+def _check_instance(instance: object, attribute: object, value: str) -> None:
+    if (problem := instance_problem(value)) is not None:
         raise ValueError(problem)
 
 
@@ -62,6 +83,20 @@ class World:
     # This pod's UID (the downward API's metadata.uid): DRA sockets carry it, so the old and the
     # new pod of a rolling update serve side by side (kubelet 1.33+). None: the plain names.
     pod_uid: str | None = field(default=None, validator=_check_pod_uid)
+    # This deployment's name on the node (``--instance``; the Helm release): every file it keeps
+    # in a folder other deployments share is named by it. "" is the default instance.
+    instance: str = field(default="", validator=_check_instance)
+
+    @property
+    def names(self) -> Instance:
+        """The names of this instance's files in shared folders (:mod:`cdiplug.models.instance`)."""
+        return Instance(self.instance)
+
+    @property
+    def own_state_dir(self) -> Path:
+        """This instance's own state folder: ``state_dir`` for the default instance,
+        ``state_dir/instances/<name>`` for a named one."""
+        return self.names.state_dir(self.state_dir)
 
     @property
     def kubelet_socket(self) -> Path:

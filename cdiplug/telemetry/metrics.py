@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from attrs import frozen
@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 
 from cdiplug.errors import ConfigError
 from cdiplug.telemetry.http import MetricsServer, MetricsServerError
+from cdiplug.telemetry.tallies import register_tallies
 
 __all__ = ["Metrics", "MetricsAddressError", "MetricsServer", "MetricsServerError", "parse_address"]
 
@@ -170,6 +171,13 @@ class Metrics:
         self._devices = Gauge(
             "cdiplug_devices", "Devices advertised, per resource and health.", ["resource", "health"], registry=r
         )
+        self._unhealthy_causes = Gauge(
+            "cdiplug_unhealthy_devices",
+            "Unhealthy devices per resource and cause (the backend's cause name: xid, link-down; unhealthy "
+            "when it named none); a cause seen once stays, at 0 once no device has it.",
+            ["resource", "cause"],
+            registry=r,
+        )
         self._preparation_failures = Counter(
             "cdiplug_preparation_failures",
             "Device preparations that failed (binding to vfio-pci, say), per resource.",
@@ -189,10 +197,12 @@ class Metrics:
         self._ready = Gauge(
             "cdiplug_resource_ready", "1 when the resource is registered with the kubelet, else 0.", ["resource"], registry=r
         )
+        register_tallies(r)
         self._children: dict[str, _Children] = {}
         # driver -> its label children; resource -> the drivers it was served as (forget() drops them)
         self._claim_children: dict[str, _ClaimChildren] = {}
         self._drivers_of: dict[str, set[str]] = {}
+        self._causes_of: dict[str, set[str]] = {}  # resource -> the causes it has had a series for
         # Read by the HTTP thread, written by the loop: replaced whole under the lock.
         self._lock = threading.Lock()
         self._configured: frozenset[str] | None = None
@@ -213,6 +223,7 @@ class Metrics:
                 preparation_failed=self._preparation_failures.labels(resource),
                 ready=self._ready.labels(resource),
             )
+            self._backend_down.labels(resource)  # 0 until its backend goes down
         return children
 
     # -- recording (called from the event loop) --------------------------------------------------
@@ -267,16 +278,25 @@ class Metrics:
     def health_sent(self, resource: str, driver: str) -> None:
         self._claims_of(resource, driver).health_sent.inc()
 
-    def devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+    def devices(self, resource: str, healthy: int, unhealthy: int, causes: Mapping[str, int] | None = None) -> None:
         children = self._of(resource)
         children.healthy.set(healthy)
         children.unhealthy.set(unhealthy)
+        if causes is None:
+            return
+        seen = self._causes_of.setdefault(resource, set())
+        seen.update(causes)
+        for cause in seen:
+            self._unhealthy_causes.labels(resource, cause).set(causes.get(cause, 0))
 
     def preparation_failed(self, resource: str) -> None:
         self._of(resource).preparation_failed.inc()
 
     def kubelet_restart(self) -> None:
         self._kubelet_restarts.inc()
+
+    def backend_started(self, backend: str) -> None:
+        self._backend_restarts.labels(backend)  # the series, at 0 until a restart
 
     def backend_restarted(self, backend: str) -> None:
         self._backend_restarts.labels(backend).inc()
@@ -317,6 +337,11 @@ class Metrics:
                         series.remove(*driver_labels)
                     except KeyError:
                         pass
+        for cause in self._causes_of.pop(resource, ()):
+            try:
+                self._unhealthy_causes.remove(resource, cause)
+            except KeyError:
+                pass
         if self._children.pop(resource, None) is None:
             return
         for metric, label_sets in (

@@ -8,7 +8,7 @@ prometheus_client: it is loaded only when metrics are served.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 
@@ -45,11 +45,17 @@ class Recorder(Protocol):
         """One health message (the whole pool's health) sent to a kubelet by DRA driver ``driver``."""
         ...
 
-    def devices(self, resource: str, healthy: int, unhealthy: int) -> None: ...
+    def devices(self, resource: str, healthy: int, unhealthy: int, causes: Mapping[str, int] | None = None) -> None:
+        """The devices advertised now; ``causes``: the Unhealthy ones per cause name."""
+        ...
 
     def preparation_failed(self, resource: str) -> None: ...
 
     def kubelet_restart(self) -> None: ...
+
+    def backend_started(self, backend: str) -> None:
+        """Backend ``backend`` runs (its restart count starts at 0)."""
+        ...
 
     def backend_restarted(self, backend: str) -> None: ...
 
@@ -89,13 +95,16 @@ class NullRecorder:
     def health_sent(self, resource: str, driver: str) -> None:
         pass
 
-    def devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+    def devices(self, resource: str, healthy: int, unhealthy: int, causes: Mapping[str, int] | None = None) -> None:
         pass
 
     def preparation_failed(self, resource: str) -> None:
         pass
 
     def kubelet_restart(self) -> None:
+        pass
+
+    def backend_started(self, backend: str) -> None:
         pass
 
     def backend_restarted(self, backend: str) -> None:

@@ -11,6 +11,9 @@ them on:
   (compaction), as the API server sends it;
 - ``conflict_every_other``: every other update of a ResourceSlice is answered ``409 Conflict``
   after a second writer changed it (an annotation and a new resourceVersion);
+- ``raw_answer``: every request is answered with these bytes as they are (status line, headers,
+  body) and the connection closed: what a proxy or a broken server sends, a 500 without a
+  ``Content-Type`` or a redirect, say;
 - ``throttle``: that many next requests but watches are answered ``429 Too Many Requests`` with
   ``Retry-After: <retry_after>`` (when: ``throttled_at``; every other request: ``received_at``).
 
@@ -55,6 +58,7 @@ class FaultSwitches:
         self.refused = 0  # connections closed so
         self.gone_watches = 0  # this many next watches answered 410 Gone
         self.conflict_every_other = False  # every other slice update: 409 after a second writer's change
+        self.raw_answer: bytes | None = None  # every request answered with these bytes, as they are
         self.throttle = 0  # this many next requests (watches aside) answered 429
         self.retry_after = 1  # seconds, in the 429's Retry-After
         self.throttled_at: list[float] = []  # time.monotonic() of each 429
@@ -86,6 +90,14 @@ class FaultSwitches:
     def _seen(self, query: Mapping[str, str]) -> None:
         if not _is_watch(query):
             self.received_at.append(time.monotonic())
+
+    async def _answered_raw(self, writer: asyncio.StreamWriter) -> bool:
+        """With ``raw_answer``: write it (the connection then closes); whether it did."""
+        if self.raw_answer is None:
+            return False
+        writer.write(self.raw_answer)
+        await writer.drain()
+        return True
 
     def _throttled(self, query: Mapping[str, str]) -> str:
         """The Retry-After header line when this request is to be answered 429, else empty."""

@@ -360,6 +360,8 @@ class ApiServerStandIn(FaultSwitches):
         self.received.append(Received(method, url.path, query, headers.get("content-type"), headers.get("authorization"), body))
         self._seen(query)
         self._notify()  # wait_for() on a count of requests
+        if await self._answered_raw(writer):
+            return False
         if self.stall:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._closing)

@@ -10,7 +10,11 @@
   is reached (a ``RecursionError`` is no error message);
 - **integers**: a literal of more than :data:`MAX_INT_DIGITS` characters is refused (Python
   refuses 4,300 digits with a ``ValueError`` the caller would not expect, and a smaller huge
-  number is useless to us anyway).
+  number is useless to us anyway);
+- **duplicate keys**: PyYAML keeps the last of two equal keys of a mapping without a word; here
+  the second is refused, naming both lines (a key merged in with ``<<`` may still be overridden);
+- **tabs**: YAML allows no tab in indentation; the parser's own words for it ("found character
+  '\\t' that cannot start any token") are said plainly.
 
 Every problem is an :class:`~cdiplug.errors.InputError` naming the file and the line and column
 (YAML) or the offset (JSON). The ``yaml`` module is imported on first use: it is slow to import
@@ -26,7 +30,7 @@ from cdiplug.errors import InputError
 
 if TYPE_CHECKING:
     from yaml import SafeLoader as _LoaderBase
-    from yaml.nodes import Node, ScalarNode
+    from yaml.nodes import MappingNode, Node, ScalarNode
 else:
     _LoaderBase = object  # the bounds go in front of a loader's classes (_loader_class)
 
@@ -47,6 +51,8 @@ def load_yaml(text: str, source: str, what: str = "YAML") -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = exc.problem or exc.context or str(exc)
+        if mark is not None and _tab_at(text, mark.line, mark.column):  # a tab where indentation or a token goes
+            problem = "a tab: tabs are not allowed in YAML indentation, indent with spaces"
         if "maximum nesting depth" in problem:  # libyaml's own bound (1,000), met while it scans ahead
             problem = f"nested more than {MAX_DEPTH} levels deep"
         raise InputError(f"not valid {what}{where}: {_short(problem)}", "$", source) from None
@@ -74,6 +80,15 @@ def load_json(text: str, source: str, what: str = "JSON") -> Any:
     if _depth(data) > MAX_DEPTH:
         raise InputError(f"not valid {what}: nested more than {MAX_DEPTH} levels deep", "$", source)
     return data
+
+
+def _tab_at(text: str, line: int, column: int) -> bool:
+    """Whether the parser stopped at a tab of ``text`` (or in the indentation before it)."""
+    lines = text.splitlines()
+    if not 0 <= line < len(lines):
+        return False
+    here = lines[line]
+    return here[column : column + 1] == "\t" or "\t" in here[: len(here) - len(here.lstrip())]
 
 
 def _short(value: object, limit: int = 200) -> str:
@@ -128,6 +143,10 @@ class _Bounds(_LoaderBase):
         _check_aliases(node)
         return super().construct_document(node)
 
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        _check_unique_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
     def construct_yaml_int(self, node: ScalarNode) -> int:
         from yaml.constructor import ConstructorError
 
@@ -168,6 +187,26 @@ def _loader_class() -> type:
         loader = BoundedLoader
     loader.add_constructor("tag:yaml.org,2002:int", loader.construct_yaml_int)
     return loader
+
+
+def _check_unique_keys(node: MappingNode) -> None:
+    """Refuse a mapping that gives one plain key twice (as written: ``a`` and ``"a"`` are the same)."""
+    from yaml.constructor import ConstructorError
+    from yaml.error import Mark
+    from yaml.nodes import ScalarNode
+
+    seen: dict[tuple[str, str], Mark] = {}
+    for key, _value in node.value:
+        if not isinstance(key, ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        first = seen.setdefault((key.tag, key.value), key.start_mark)
+        if first is not key.start_mark:
+            raise ConstructorError(
+                None,
+                None,
+                f"duplicate key {_short(key.value, 60)!r} (first at line {first.line + 1}, again at line {key.start_mark.line + 1})",
+                key.start_mark,
+            )
 
 
 def _check_aliases(root: Node) -> None:

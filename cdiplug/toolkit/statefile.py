@@ -27,6 +27,7 @@ from typing import TypeVar
 from cdiplug.errors import CdiplugError, InputError
 from cdiplug.toolkit.atomic import make_dirs, write_atomic
 from cdiplug.toolkit.files import read_bounded
+from cdiplug.toolkit.tally import STATE_FILES_SET_ASIDE
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ def set_aside(path: Path, reason: str, what: str) -> Path:
     except OSError as exc:
         raise StateFileError(f"{what} {path} is unreadable ({why}) and cannot be moved aside: {exc.strerror or exc}") from exc
     log.error("%s %s is unreadable (%s); moved aside to %s", what, path, why, aside.name)
+    STATE_FILES_SET_ASIDE.add(what)
     return aside
 
 

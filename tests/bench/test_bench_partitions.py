@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs a bench script: seconds (hack/test.sh --fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

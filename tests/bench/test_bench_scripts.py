@@ -17,6 +17,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the bench scripts: tens of seconds (hack/test.sh --fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -197,12 +201,15 @@ def test_bench_pci_scan_reports_the_scan_time() -> None:
 
 
 def test_bench_dra_reports_every_figure() -> None:
-    figures = run_bench("bench_dra.py", "--claims", "5", "--devices", "300")
+    figures = run_bench("bench_dra.py", "--claims", "5", "--devices", "300", "--concurrency", "1,4", "--rounds", "2")
     for key in (
         "prepare_ms_p50",
         "prepare_ms_p99",
         "unprepare_ms_p50",
         "unprepare_ms_p99",
+        *(f"{op}_c{n}_ms_{q}" for op in ("prepare", "unprepare") for n in (1, 4) for q in ("p50", "p99")),
+        "burst_c4_s",
+        "rss_mib_after_bursts",
         "slice_publish_s",
         "slice_republish_s",
     ):

@@ -11,7 +11,8 @@ it deletes what the session made. ``pods`` makes test pods in their own namespac
 (waiting until the kubelet has stopped them, so the next test finds every device free).
 
 Needs root, the node kit (``../shared/k8s``), etcd-server, containernetworking-plugins, podman,
-runc, debootstrap, busybox-static and kubectl; a missing one fails with a message, never a skip.
+runc, debootstrap and busybox-static; a missing one fails with a message, never a skip. kubectl
+and helm are the ones ``hack/get-tools.sh`` installs (put first on PATH for the whole session).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ..deploy.chart import tools
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "local-cluster.sh"
@@ -266,6 +269,100 @@ def wait_for_file(path: Path, present: bool, timeout: float = 60) -> None:
         raise AssertionError(f"{path} {'never appeared' if present else 'still there'} after {timeout} s") from None
 
 
+def seed_experiment(kube: Kube) -> None:
+    """deploy/examples' three pods: two Running on distinct FPGAs (``FAKE_FPGA_DEVICES``, each
+    device's own variable from the CDI spec), the third Pending with ``Insufficient
+    example.com/fpga`` from the real scheduler; deleted again at the end."""
+    examples = str(REPO / "deploy" / "examples")
+    kube("apply", "--validate=false", "-k", examples)
+    try:
+        devices = []
+        for name in ("fpga-pod-1", "fpga-pod-2"):
+            kube.wait_pod_ready(name, "default")
+            env = kube.env_of(name, "default")
+            devices.append(env["FAKE_FPGA_DEVICES"])
+            # The device's own variable comes from the CDI spec.
+            index = env["FAKE_FPGA_DEVICES"].rpartition("-")[2]
+            assert env[f"FAKE_FPGA_DEVICE_{index}"] == env["FAKE_FPGA_DEVICES"]
+        assert sorted(devices) == ["fpga-0", "fpga-1"]
+
+        def unschedulable(pod: dict[str, Any]) -> bool:
+            return any(
+                c["type"] == "PodScheduled" and c["status"] == "False" and "Insufficient example.com/fpga" in c.get("message", "")
+                for c in pod.get("status", {}).get("conditions", [])
+            )
+
+        greedy = kube.watch("pod/fpga-pod-greedy", unschedulable, namespace="default", what="fpga-pod-greedy unschedulable")
+        condition = next(c for c in greedy["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert condition["reason"] == "Unschedulable"
+        assert "0/1 nodes are available: 1 Insufficient example.com/fpga" in condition["message"]
+        assert greedy["status"]["phase"] == "Pending" and not greedy["spec"].get("nodeName")
+    finally:
+        kube("delete", "-k", examples, "--ignore-not-found", "--grace-period=1", "--wait=true", "--timeout=90s", timeout=120)
+
+
+def stream_pods(
+    kube: Kube, namespace: str, manifest: Callable[[str], dict[str, Any]], action: Callable[[], None], *, at_least: int = 5
+) -> dict[str, float]:
+    """Make a pod (``manifest(name)``: ``during-0``, ``during-1``, ...) every second while
+    ``action()`` runs, and two more after it (``at_least`` in all: an update can be over in two
+    seconds); each is deleted once Ready. Returns each pod's start time (made -> Ready, seconds);
+    fails naming every pod that failed or never became Ready."""
+    starts: dict[str, float] = {}
+    errors: list[str] = []
+    done = threading.Event()
+    lock = threading.Lock()
+    created: list[str] = []
+
+    def follow(name: str, made: float) -> None:
+        try:
+            kube.watch(
+                f"pod/{name}",
+                lambda p: is_ready(p) or p.get("status", {}).get("phase") == "Failed",
+                namespace=namespace,
+                what=f"{name} Ready",
+                timeout=180,
+            )
+            status = kube.get(f"pod/{name}", namespace)["status"]
+            with lock:
+                if status.get("phase") == "Failed":
+                    errors.append(f"{name} failed: {status.get('reason')}: {status.get('message')}")
+                else:
+                    starts[name] = time.monotonic() - made
+            kube("delete", "pod", name, "-n", namespace, "--grace-period=1", "--wait=false")
+        except AssertionError as exc:
+            with lock:
+                errors.append(f"{name}: {exc}")
+
+    def load() -> None:
+        i, after = 0, 2
+        followers = []
+        while after:
+            if done.is_set() and i >= at_least:
+                after -= 1
+            name = f"during-{i}"
+            made = time.monotonic()
+            kube.apply([manifest(name)])
+            followers.append(threading.Thread(target=follow, args=(name, made), daemon=True))
+            followers[-1].start()
+            i += 1
+            time.sleep(max(0.0, made + 1.0 - time.monotonic()))  # the pace of the load, not a wait for a state
+        for f in followers:
+            f.join(240)
+        created.extend(f"during-{n}" for n in range(i))
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    try:
+        action()
+    finally:
+        done.set()
+        thread.join(400)
+    assert not errors, errors
+    assert len(created) >= at_least and sorted(starts) == sorted(created), (created, starts)
+    return starts
+
+
 def is_ready(pod: Mapping[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
@@ -295,13 +392,13 @@ def pod_manifest(name: str, limits: Mapping[str, int], *, command: str = "sleep 
 def kube() -> Iterator[Kube]:
     if os.geteuid() != 0:
         pytest.fail("the cluster tests run a kubelet and containerd: run them as root", pytrace=False)
+    os.environ["PATH"] = f"{tools()}:{os.environ.get('PATH', '')}"
     missing = [
         tool for tool in ("kubectl", "podman", "runc", "etcd", "debootstrap", "openssl", "curl") if shutil.which(tool) is None
     ]
     if missing:
         pytest.fail(
-            f"missing {', '.join(missing)}: apt-get install podman runc etcd-server debootstrap containernetworking-plugins busybox-static curl "
-            "(kubectl: a release binary)",
+            f"missing {', '.join(missing)}: apt-get install podman runc etcd-server debootstrap containernetworking-plugins busybox-static curl",
             pytrace=False,
         )
     # Left as found: brought down at the end only if this session brought it up (CI brings it up
@@ -371,6 +468,7 @@ def multinode() -> Iterator[tuple[Kube, list[dict[str, Any]]]]:
     at the end only if this session brought it up (and not with ``CDIPLUG_CLUSTER_KEEP=1``)."""
     if os.geteuid() != 0:
         pytest.fail("the cluster tests run kubelets and runtimes: run them as root", pytrace=False)
+    os.environ["PATH"] = f"{tools()}:{os.environ.get('PATH', '')}"
     missing = [
         tool for tool in ("kubectl", "podman", "runc", "etcd", "conmon", "jq", "unshare", "nsenter") if shutil.which(tool) is None
     ]

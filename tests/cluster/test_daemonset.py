@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from .conftest import seed_experiment
+
 # The first test's setup may bring the node up and build the image (minutes from scratch).
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -60,32 +62,7 @@ def test_fake_overlay_runs_cdiplug_and_the_node_advertises_two_fpgas(kube: Any, 
 
 
 def test_seed_experiment_two_pods_run_on_distinct_devices_the_third_is_pending(kube: Any, cdiplug: dict[str, Any]) -> None:
-    examples = str(REPO / "deploy" / "examples")
-    kube("apply", "--validate=false", "-k", examples)
-    try:
-        devices = []
-        for name in ("fpga-pod-1", "fpga-pod-2"):
-            kube.wait_pod_ready(name, "default")
-            env = kube.env_of(name, "default")
-            devices.append(env["FAKE_FPGA_DEVICES"])
-            # The device's own variable comes from the CDI spec.
-            index = env["FAKE_FPGA_DEVICES"].rpartition("-")[2]
-            assert env[f"FAKE_FPGA_DEVICE_{index}"] == env["FAKE_FPGA_DEVICES"]
-        assert sorted(devices) == ["fpga-0", "fpga-1"]
-
-        def unschedulable(pod: dict[str, Any]) -> bool:
-            return any(
-                c["type"] == "PodScheduled" and c["status"] == "False" and "Insufficient example.com/fpga" in c.get("message", "")
-                for c in pod.get("status", {}).get("conditions", [])
-            )
-
-        greedy = kube.watch("pod/fpga-pod-greedy", unschedulable, namespace="default", what="fpga-pod-greedy unschedulable")
-        condition = next(c for c in greedy["status"]["conditions"] if c["type"] == "PodScheduled")
-        assert condition["reason"] == "Unschedulable"
-        assert "0/1 nodes are available: 1 Insufficient example.com/fpga" in condition["message"]
-        assert greedy["status"]["phase"] == "Pending" and not greedy["spec"].get("nodeName")
-    finally:
-        kube("delete", "-k", examples, "--ignore-not-found", "--grace-period=1", "--wait=true", "--timeout=90s", timeout=120)
+    seed_experiment(kube)
 
 
 def test_kubelet_restart_cdiplug_registers_again_and_running_pods_keep_their_devices(

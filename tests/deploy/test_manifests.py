@@ -193,9 +193,15 @@ def daemon(name: str) -> Daemon:
 
 
 def manifest_files() -> list[Path]:
-    # deploy/scheduler holds a component config, not an API object (tests/deploy/test_scheduler_config.py).
+    # deploy/scheduler holds a component config, not an API object (tests/deploy/test_scheduler_config.py);
+    # deploy/prometheus rule files (tests/deploy/test_prometheus_rules.py); deploy/helm templates and
+    # values, checked rendered (tests/deploy/test_chart.py).
     return sorted(
-        p for p in DEPLOY.rglob("*.yaml") if p.name not in ("kustomization.yaml", "config.yaml") and p.parent.name != "scheduler"
+        p
+        for p in DEPLOY.rglob("*.yaml")
+        if p.name not in ("kustomization.yaml", "config.yaml")
+        and p.parent.name not in ("scheduler", "prometheus")
+        and not p.is_relative_to(DEPLOY / "helm")
     )
 
 

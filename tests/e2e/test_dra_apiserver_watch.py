@@ -27,6 +27,8 @@ from .test_dra_apiserver import apiserver, kubectl
 
 __all__ = ["apiserver"]  # the fixture, shared with test_dra_apiserver.py
 
+pytestmark = pytest.mark.e2e  # a real kube-apiserver and etcd
+
 DRIVER = "watch.example.com"
 
 

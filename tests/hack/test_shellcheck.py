@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # shellcheck over every script (hack/test.sh --fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*ROOT.glob("hack/*.sh"), *ROOT.glob("hack/lib/*.sh"), ROOT / ".ci" / "run"])
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds and installs a wheel (hack/test.sh --fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

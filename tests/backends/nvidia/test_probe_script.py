@@ -21,6 +21,8 @@ from cdiplug.cdi.validate import check_document, load_document
 from cdiplug.models.names import kind_problem
 from cdiplug_backends.nvidia.cdi_kind import NVIDIA_OWNED_KINDS, clash_problem, default_cdi_kind
 
+pytestmark = pytest.mark.slow  # runs the probe scripts as subprocesses (hack/test.sh --fast leaves it out)
+
 SCRIPT = Path(__file__).resolve().parents[3] / "hack" / "nvidia-probe"
 
 

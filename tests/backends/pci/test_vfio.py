@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cdiplug.models.world import World
-from cdiplug_backends.pci.journal import Journal, JournalEntry, Op, PlannedFunction, Step
+from cdiplug_backends.pci.journal import Journal, JournalEntry, JournalError, Op, PlannedFunction, Step
 from cdiplug_backends.pci.safety import FunctionInUse
 from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug_backends.pci.testing import FakeSysfsKernel, SimulatedCrash, SysfsTree
@@ -385,6 +385,13 @@ def test_group_lock_excludes_other_holders(world: World) -> None:
     t2.join(5)
     assert order == ["first in", "first out", "second in"]
     assert os.path.exists(world.state_dir / "pci" / "locks" / "40.lock")
+
+
+def test_a_group_lock_wait_is_bounded(world: World) -> None:
+    """Another process stuck on a group fails this one's operation; it never blocks its thread for good."""
+    with Journal(world.state_dir).locked("40"), pytest.raises(JournalError, match="IOMMU group 40 stayed locked"):
+        with Journal(world.state_dir).locked("40", wait=0.1):
+            pass
 
 
 def test_temporary_files_of_dead_writers_are_removed_at_recovery(world: World, tree: SysfsTree, kernel, vfs) -> None:

@@ -103,4 +103,6 @@ def test_list_includes_specs_of_others(tmp_path: Path) -> None:
     bad_name = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path))
     assert bad_name.returncode == 1 and "broken.json: CDI device name 'a/b'" in bad_name.stderr
     assert len(bad_name.stdout.split()) == 3
-    assert cdiplug("cdi", "list", "--cdi-dir", str(tmp_path / "missing")).returncode == 0
+    missing = cdiplug("cdi", "list", "--cdi-dir", str(tmp_path / "missing"))
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert f"cdiplug cdi list: {tmp_path / 'missing'}: no such folder" in missing.stderr

@@ -50,3 +50,23 @@ def test_environment_then_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         Path("/r"),
         Path("/p"),
     )
+
+
+def test_instance_names_the_deployment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("CDIPLUG_INSTANCE", raising=False)
+    world = world_for("--state-dir", str(tmp_path))
+    assert (world.instance, world.own_state_dir) == ("", tmp_path)  # the default keeps today's files
+    monkeypatch.setenv("CDIPLUG_INSTANCE", "dra-side")
+    world = world_for("--state-dir", str(tmp_path))
+    assert (world.instance, world.own_state_dir) == ("dra-side", tmp_path / "instances" / "dra-side")
+    assert world_for("--instance", "dp-side").instance == "dp-side"  # the flag wins
+
+
+@pytest.mark.parametrize("bad", ["Upper", "with.dot", "-lead", "x" * 64, "a/b"])
+def test_a_bad_instance_name_is_refused_naming_the_flag(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    from cdiplug.cli import main
+
+    monkeypatch.setenv("CDIPLUG_INSTANCE", bad)
+    with pytest.raises(Exception, match=r"--instance \(or \$CDIPLUG_INSTANCE\): instance name .* must be a DNS label"):
+        world_for()
+    assert main(["serve", f"--instance={bad}", "--config", "/nonexistent"]) == 2

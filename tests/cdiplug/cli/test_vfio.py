@@ -64,7 +64,7 @@ def test_bad_address_exits_2(world: World, tree: SysfsTree) -> None:
 
 def test_unknown_function_exits_1(world: World, tree: SysfsTree) -> None:
     done = run_cli("vfio", "status", "0000:99:00.0", *world_args(world))
-    assert done.returncode == 1 and "no such PCI function" in done.stderr
+    assert done.returncode == 1 and "no such device 0000:99:00.0: no PCI function has this address" in done.stderr
 
 
 def test_bind_then_unbind(world: World, tree: SysfsTree, kernel: FakeSysfsKernel, capsys: pytest.CaptureFixture[str]) -> None:

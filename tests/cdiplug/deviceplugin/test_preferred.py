@@ -154,9 +154,9 @@ def test_answer_does_not_depend_on_the_order_of_available():
 
 def test_large_requests_are_fast_and_well_formed():
     s = snap({f"d{i:04}": (i % 8,) for i in range(1024)})
-    started = time.perf_counter()
+    started = time.process_time()
     answer = ask(s, 300, must=["d0001"])
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     assert len(answer) == len(set(answer)) == 300 and answer[0] == "d0001"
     # 300 fit on three nodes (128 each) with node 1 included.
     assert len({int(a[1:]) % 8 for a in answer}) == 3
@@ -169,9 +169,9 @@ def test_large_affinity_search_falls_back_to_greedy(monkeypatch):
     def affinity(a: str, b: str) -> float:
         return best.get((a, b), 0.0)
 
-    started = time.perf_counter()
+    started = time.process_time()
     answer = ask(s, 3, affinity=affinity)  # C(40, 3) = 9880 > EXACT_LIMIT: greedy
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     assert answer == ("g07", "g22", "g31")
     monkeypatch.setattr(policy, "EXACT_LIMIT", 10**6)
     assert ask(s, 3, affinity=affinity) == ("g07", "g22", "g31")
@@ -301,17 +301,17 @@ def test_affinity_is_not_weighed_beyond_its_device_limit(monkeypatch):
 
 def test_large_requests_with_affinity_stay_fast():
     s = expand(snap({f"g{i:03}": (i % 4,) for i in range(1024)}), 1)
-    started = time.perf_counter()
+    started = time.process_time()
     ask(s, 300, affinity=lambda a, b: 1.0)  # 1024 devices: beyond AFFINITY_LIMIT
     shared = expand(snap({f"g{i:02}": (i % 4,) for i in range(64)}), 16)  # 64 GPUs, 1024 replicas
     answer = ask(shared, 32, affinity=lambda a, b: float(a[-1] == b[-1]), underlying=underlying)
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     assert len(answer) == 32
 
 
 def test_one_device_among_many_replicas_with_affinity_is_fast():
     shared = expand(snap({f"g{i:03}": (0,) for i in range(100)}), 40)  # 4000 IDs, C(4000, 1) exact
-    started = time.perf_counter()
+    started = time.process_time()
     answer = ask(shared, 2, must=["g007::3"], affinity=lambda a, b: float(b == "g042"), underlying=underlying)
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     assert answer == ("g007::3", "g042::0")

@@ -57,7 +57,7 @@ class RecordingMetrics:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+    def devices(self, resource: str, healthy: int, unhealthy: int, causes: Any = None) -> None:
         self.calls.append((resource, healthy, unhealthy))
 
 

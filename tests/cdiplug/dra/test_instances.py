@@ -2,7 +2,7 @@
 
 Covers: an instance is alive while its lock is held and gone once released or never started;
 a second process (here: a second open file, which flock treats alike) of the same pod UID
-cannot take it; IDs that are not pod UIDs name no file; the folder and file are private.
+cannot take it (an error naming the instance); IDs that are not pod UIDs name no file; the folder and file are private.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdiplug.dra.instances import InstanceLock
+from cdiplug.toolkit.statefile import StateFileError
 
 A = "aaaaaaaa-0000-4000-8000-000000000001"
 B = "bbbbbbbb-0000-4000-8000-000000000002"
@@ -24,7 +25,7 @@ def test_alive_while_its_lock_is_held(tmp_path: Path) -> None:
     assert b.alive(A) and a.alive(A)
     assert (tmp_path / "dra-instances").stat().st_mode & 0o777 == 0o700
     assert a.path.stat().st_mode & 0o777 == 0o600
-    with pytest.raises(OSError):
+    with pytest.raises(StateFileError, match=f"instance lock of {A} stayed locked"):
         InstanceLock(tmp_path, A).acquire()  # the same pod UID twice
     a.release()
     assert not b.alive(A) and not a.path.exists()

@@ -135,6 +135,15 @@ async def test_a_server_down_at_first_is_retried(api: ApiServerStandIn, publishe
     assert pool(api) == [(f"n1-{DRIVER}-0", 2, 1, 1)]
 
 
+async def test_an_answer_without_a_content_type_is_retried(api: ApiServerStandIn, publisher: SlicePublisher) -> None:
+    api.raw_answer = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops"  # a proxy's, say
+    publisher.want(snapshot(2))
+    await asyncio.wait_for(publisher.wait_failed(2), 10)  # failed, asked again, failed: not crashed
+    api.raw_answer = None
+    await asyncio.wait_for(publisher.wait_published(1), 10)
+    assert pool(api) == [(f"n1-{DRIVER}-0", 2, 1, 1)]
+
+
 async def test_errors_become_kubernetes_errors(client: LightkubeClient, api: ApiServerStandIn) -> None:
     with pytest.raises(KubernetesError) as info:
         await client.get_claim("default", "missing")

@@ -21,7 +21,7 @@ import attrs
 import pytest
 
 from cdiplug.errors import KubernetesError
-from cdiplug.kube.client import LightkubeClient, connect
+from cdiplug.kube.client import ApiCallError, LightkubeClient, connect
 from cdiplug.kube.credentials import find_credentials, load_kubeconfig
 from cdiplug.testing import ApiServerStandIn
 from cdiplug.testing.certs import make_pki
@@ -138,17 +138,17 @@ async def test_in_cluster_token_is_read_again_when_rotated(tls_api: ApiServerSta
 
 
 async def test_a_server_that_never_answers_is_cut_at_the_timeout(api: ApiServerStandIn, tmp_path: Path) -> None:
-    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")), timeout=0.3)
+    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")), timeout=1)
     api.stall = True
     started = time.monotonic()
     try:
-        with pytest.raises(KubernetesError, match="cannot read Node n1 on .*: no answer within 0.3 s") as info:
+        with pytest.raises(KubernetesError, match="cannot read Node n1 on .*: no answer within 1 s") as info:
             await client.get_node("n1")
     finally:
         await client.close()
     assert info.value.status is None  # no answer: the caller retries
     assert time.monotonic() - started < 5
-    assert api.received[-1].path == "/api/v1/nodes/n1"
+    assert api.received[-1].path == "/api/v1/nodes/n1"  # asked, and never answered (1 s: a loaded machine's connect)
 
 
 async def test_an_unreachable_server(tmp_path: Path) -> None:
@@ -161,6 +161,67 @@ async def test_an_unreachable_server(tmp_path: Path) -> None:
     finally:
         await client.close()
     assert info.value.status is None
+
+
+# Answers no Kubernetes API server gives but a proxy, a load balancer or a broken server does:
+# (raw answer, the HTTP status the error carries, what the error says after the call).
+BROKEN_ANSWERS = {
+    "500 without a Content-Type": (
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops",
+        500,
+        "HTTP 500 Internal Server Error: oops",
+    ),
+    "307 without a Content-Type": (
+        b"HTTP/1.1 307 Temporary Redirect\r\nLocation: https://elsewhere.example/\r\nContent-Length: 0\r\n\r\n",
+        307,
+        "HTTP 307 Temporary Redirect to https://elsewhere.example/ (redirects are not followed)",
+    ),
+    "200 that is no JSON": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\nhello",
+        None,
+        "the answer does not decode: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("answer", BROKEN_ANSWERS, ids=list(BROKEN_ANSWERS))
+async def test_every_failure_of_the_client_library_is_our_error_naming_the_call(
+    api: ApiServerStandIn, tmp_path: Path, answer: str
+) -> None:
+    raw, status, detail = BROKEN_ANSWERS[answer]
+    path = api.kubeconfig(tmp_path / "kubeconfig")
+    client = LightkubeClient(load_kubeconfig(path))
+    api.raw_answer = raw
+    try:
+        with pytest.raises(ApiCallError) as info:
+            await client.get_node("n1")
+        with pytest.raises(ApiCallError) as watching:
+            async for _ in client.watch_slices("d", "n1", ""):
+                pass
+    finally:
+        await client.close()
+    assert str(info.value).startswith(f"cannot read Node n1 on {api.url} (credentials from {path} (context standin)): {detail}")
+    assert "\n" not in str(info.value)
+    assert info.value.status == status
+    assert str(watching.value).startswith(f"watching the ResourceSlices of d on n1 failed on {api.url}")
+
+
+async def test_one_watch_call_is_one_watch_request(api: ApiServerStandIn, tmp_path: Path) -> None:
+    """The server ends the watch after 1 s; lightkube would open it again at once, forever: the call ends instead."""
+    api.put_slice(
+        {
+            "metadata": {"name": "s1"},
+            "spec": {"driver": "d", "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1}},
+        }
+    )
+    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")), watch_timeout=1)
+    try:
+        async with asyncio.timeout(10):  # without the guard: a new watch every second until this
+            events = [(kind, obj["metadata"]["name"]) async for kind, obj in client.watch_slices("d", "n1", "")]
+    finally:
+        await client.close()
+    assert events == [("ADDED", "s1")]
+    assert api.count("GET", "resourceslices", watch=True) == 1
 
 
 def test_the_command_line_parsers_load_no_kubernetes_client() -> None:

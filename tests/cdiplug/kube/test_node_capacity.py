@@ -133,6 +133,29 @@ async def test_a_silent_server_is_given_up_on_at_the_timeout(
     assert "no answer within 0.3 s" in err
 
 
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops", "HTTP 500 Internal Server Error: oops"),
+        (
+            b"HTTP/1.1 307 Temporary Redirect\r\nLocation: https://elsewhere.example/\r\nContent-Length: 0\r\n\r\n",
+            "HTTP 307 Temporary Redirect to https://elsewhere.example/",
+        ),
+    ],
+    ids=["500", "307"],
+)
+async def test_an_answer_without_a_content_type_is_one_line(
+    api: ApiServerStandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str], answer: bytes, said: str
+) -> None:
+    api.raw_answer = answer  # a proxy's answer, or a broken server's: no Kubernetes Status, no Content-Type
+    assert await cli(api, tmp_path, "set", "worker-1", "example.com/dongle=2") == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    (line,) = out.err.splitlines()
+    assert line.startswith(f"cdiplug node-capacity set: node 'worker-1' on {api.url} (credentials from ")
+    assert said in line
+
+
 async def test_unusable_credentials_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["node-capacity", "set", "worker-1", "example.com/d=1", "--kubeconfig", str(tmp_path / "missing")]
     assert await asyncio.to_thread(main, argv) == 2

@@ -162,6 +162,25 @@ async def test_the_labeler_retries_a_refused_patch(api: ApiServerStandIn, client
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_the_labeler_retries_after_an_answer_without_a_content_type(
+    api: ApiServerStandIn, client: LightkubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.put_node("n1")
+    api.raw_answer = b"HTTP/1.1 307 Temporary Redirect\r\nLocation: https://elsewhere.example/\r\nContent-Length: 0\r\n\r\n"
+    labeler = NodeLabeler(lambda: client, "n1", interval=0.05, settle=0, backoff=(0.05, 0.1))
+    labeler.expect([FPGA])
+    labeler.offer(fpgas(1))
+    task = asyncio.create_task(labeler.run())
+    try:
+        await asyncio.wait_for(labeler.wait_until(lambda it: it.failures >= 2), 5)  # failed, and asked again
+        api.raw_answer = None
+        await asyncio.wait_for(api.wait_for(lambda: "cdiplug.dev/example.com.fpga.count" in node_labels(api)), 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert "cannot read Node n1 on" in caplog.text and "HTTP 307 Temporary Redirect to https://elsewhere.example/" in caplog.text
+
+
 def test_health_changes_name_the_devices() -> None:
     well = fpgas(3)
     sick = DeviceSnapshot(
