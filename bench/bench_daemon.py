@@ -5,7 +5,7 @@ Two processes are measured the same way, one after the other, each against a fre
 stand-in (``cdiplug.testing.KubeletStandIn``, real gRPC over unix sockets in a temporary folder):
 ``python -m cdiplug serve`` with 8 fake resources of 128 devices, and ``bench/floor_plugin.py``,
 the thinnest grpc.aio plugin serving the same resources, device IDs and topology. Every cdiplug
-figure is printed beside the floor's and their ratio, with the goal of issue #13 and whether it
+figure is printed beside the floor's and their ratio, with its goal and whether it
 is met:
 
 - ``start_registered_s``: exec -> last Register received (median of ``--starts``); ``start_listed_s``:
@@ -39,7 +39,7 @@ from typing import Any
 
 import harness as h
 
-# The goals of issue #18 (which retired #13's 1.3x start and floor + 5 MiB).
+# The goals each figure is judged by.
 GOAL_START_RATIO = 1.7
 GOAL_RSS_OVER_FLOOR_MIB = 8.0
 GOAL_ALLOCATE_P50_RATIO = 1.1

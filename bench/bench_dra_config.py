@@ -18,7 +18,7 @@ a time, the floor and the measured kinds see the same state and p99 has samples 
   capacity in its env, the CDI device named with the share).
 
 Each figure is ``{"cdiplug": p, "floor": plain p, "ratio": p / plain p, "goal": …, "met": …}`` for
-p50 and p99 of the prepare, in ms; the goal (issue 20) is a configured p99 within 20 ms, as the
+p50 and p99 of the prepare, in ms; the goal is a configured p99 within 20 ms, as the
 plain prepare's. ``missed`` names the goals not met. Run: ``python bench/bench_dra_config.py [--claims 100]``.
 """
 

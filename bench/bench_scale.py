@@ -32,14 +32,14 @@ from typing import Any
 
 import harness as h
 
-GOAL_START_RATIO = 1.7  # issue #18 (#13's 1.3x is retired)
+GOAL_START_RATIO = 1.7
 GOAL_ALLOCATE_P50_RATIO = 1.1
 GOAL_PREFERRED_MS = 10.0  # at 4,096 devices with must-include (and so below it)
 PREFERRED_SIZE = 8
 
 
 def rss_goal(devices: int) -> float | None:
-    """MiB over the floor: 8 for 128 devices (issue #18, stated for 8 x 128), 12 for 4,096; none between."""
+    """MiB over the floor: 8 for 128 devices (stated for 8 x 128), 12 for 4,096; none between."""
     return 8.0 if devices <= 128 else 12.0 if devices == 4096 else None
 
 

@@ -24,7 +24,7 @@ from attrs import frozen
 
 from cdiplug.errors import BackendInitError
 from cdiplug.models.devices import Device, DeviceSnapshot, PreferredRequest
-from cdiplug.models.resource import ResourceConfig, default_dra_driver
+from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
 
 O = TypeVar("O")  # noqa: E741 - a backend's options type
@@ -234,8 +234,8 @@ class BackendPlugin(Generic[O]):
     for all the resources that name this plugin. ``default_cdi_kind``, when given, maps a resource
     name to the CDI kind used when the resource sets no ``cdi_kind`` (a backend whose vendor tools
     already write specs under the resource's name needs another kind); else the kind is the name.
-    ``default_dra_driver`` likewise for ``dra_driver`` (else ``<class>.<vendor>``); it must never
-    give another vendor's driver name.
+    ``default_dra_driver`` likewise for the DRA front end's ``dra_driver`` (else
+    ``<class>.<vendor>``); it must never give another vendor's driver name.
 
     Handles a backend needs beyond the :class:`World` (NVML, a udev monitor) are the plugin's
     business: a package exports a ready ``plugin`` and a function that makes one with fakes.
@@ -249,9 +249,6 @@ class BackendPlugin(Generic[O]):
 
     def cdi_kind_for(self, resource: str) -> str:
         return self.default_cdi_kind(resource) if self.default_cdi_kind else resource
-
-    def dra_driver_for(self, resource: str) -> str:
-        return self.default_dra_driver(resource) if self.default_dra_driver else default_dra_driver(resource)
 
 
 # Plugins of different options types sit side by side here, so their options type is erased

@@ -6,10 +6,12 @@ error names the field path and the file: ``expected int @ $.resources[1].options
 here too: CDI spec file names over 255 bytes here; what only one front end cares about (the
 device plugin's ListAndWatch size, the DRA driver name) by that front end's ``check``, and, in
 :func:`check_against`, which needs the node's folders, by its ``check_node`` (socket paths).
-``api`` names any registered front end (:mod:`cdiplug.frontend`); a setting of another front end
-than the resource's (``replicas`` under ``api: dra``) is an error. Each backend's ``options`` are
-structured into the attrs class its plugin declares, with the same converter, so backends get the
-same strictness and messages.
+``api`` names any registered front end (:mod:`cdiplug.frontend`); a resource's keys beside
+``name``, ``backend``, ``options``, ``api`` (and ``cdi_kind``, where its front end uses the host's
+spec) are that front end's settings, structured into the attrs class it registered and completed
+by it; a setting of another front end than the resource's (``replicas`` under ``api: dra``) is an
+error naming both. Each backend's ``options`` are structured into the attrs class its plugin
+declares, with the same converter, so backends and front ends get the same strictness and messages.
 
 Top level: ``resources`` (one configuration for every node) and ``node_labels`` (device labels
 on the node, :mod:`cdiplug.kube.node_labels`; off unless true), or ``configurations``, a
@@ -35,9 +37,8 @@ from attrs import field, frozen
 
 from cdiplug.backend import BackendPlugin, CheckedOptions, load_plugins
 from cdiplug.errors import BackendError, BackendNotFound, ConfigError, InputError
-from cdiplug.frontend import MAX_FILE_NAME, SETTINGS, Problem, front_end_type, owners, registered
-from cdiplug.models.devices import DEFAULT_ALLOCATE, AllocatePart
-from cdiplug.models.names import extended_resource_problem, is_label_value, kind_problem, spec_file_name
+from cdiplug.frontend import CDI_KIND, CORE_KEYS, Problem, front_end_type, owners, registered, setting_names
+from cdiplug.models.names import extended_resource_problem, is_label_value, spec_file_problem
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.toolkit.files import CONFIG_LIMIT, read_text
@@ -95,13 +96,22 @@ def _is_list_type(t: Any) -> bool:
     if origin is tuple:
         args = typing.get_args(t)
         return len(args) == 2 and args[1] is Ellipsis
-    return origin in (list, collections.abc.Sequence)
+    return origin in (list, collections.abc.Sequence, frozenset)
 
 
 def _list_hook(t: Any) -> Any:
-    """Lists only: cattrs alone would take a string as a list of characters, a mapping as its keys."""
-    if typing.get_origin(t) is tuple:
+    """Lists only: cattrs alone would take a string as a list of characters, a mapping as its keys.
+    A frozenset is written as a list."""
+    origin = typing.get_origin(t)
+    if origin is tuple:
         inner = cattrs.cols.homogenous_tuple_structure_factory(t, converter)
+    elif origin is frozenset:
+        as_list_type: Any = list[typing.get_args(t)[0]]  # type: ignore[misc]
+        as_list = cattrs.cols.list_structure_factory(as_list_type, converter)
+
+        def inner(value: Any, type_: Any) -> Any:
+            return frozenset(as_list(value, type_))
+
     else:
         inner = cattrs.cols.list_structure_factory(t, converter)
 
@@ -129,16 +139,8 @@ converter.register_structure_hook_factory(_is_list_type, _list_hook)
 converter.register_structure_hook_factory(attrs.has, _attrs_hook)
 
 
-converter.register_structure_hook(int, _strict(int, "an integer"))
-converter.register_structure_hook(str, _strict(str, "a string"))
-converter.register_structure_hook(bool, _strict(bool, "true or false"))
-converter.register_structure_hook(float, lambda v, t: float(_strict((int, float), "a number")(v, t)))
-converter.register_structure_hook(Path, lambda v, t: Path(_strict(str, "a path")(v, t)))
-
-
-def register_enum(cls: type[enum.Enum]) -> None:
-    """Structure ``cls`` from its values only, naming them in the error (str enums need this:
-    the strict ``str`` hook would otherwise take them)."""
+def _enum_hook(cls: type[enum.Enum]) -> Any:
+    """Every enum from its values only, naming them in the error."""
 
     def hook(value: Any, _type: Any) -> enum.Enum:
         try:
@@ -147,10 +149,35 @@ def register_enum(cls: type[enum.Enum]) -> None:
             allowed = ", ".join(repr(m.value) for m in cls)
             raise ValueError(f"expected one of {allowed}, got {value!r}") from None
 
-    converter.register_structure_hook(cls, hook)
+    return hook
 
 
-register_enum(AllocatePart)
+def _or_enum(hook: Any) -> Any:
+    """``hook``, except for an enum of that base type (a str or int enum comes here: cattrs
+    dispatches by class), which is structured from its values."""
+
+    def structure(value: Any, type_: Any) -> Any:
+        if isinstance(type_, type) and issubclass(type_, enum.Enum):
+            return _enum_hook(type_)(value, type_)
+        return hook(value, type_)
+
+    return structure
+
+
+converter.register_structure_hook(int, _or_enum(_strict(int, "an integer")))
+converter.register_structure_hook(str, _or_enum(_strict(str, "a string")))
+converter.register_structure_hook(bool, _strict(bool, "true or false"))
+converter.register_structure_hook(float, lambda v, t: float(_strict((int, float), "a number")(v, t)))
+converter.register_structure_hook(Path, lambda v, t: Path(_strict(str, "a path")(v, t)))
+
+
+converter.register_structure_hook_factory(lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _enum_hook)
+
+
+def register_enum(cls: type[enum.Enum]) -> None:
+    """Structure ``cls`` from its values only; every enum is, registered or not (kept for backends)."""
+    converter.register_structure_hook(cls, _enum_hook(cls))
+
 
 # The api key: the name of any front end registered when the file is read.
 ApiName = NewType("ApiName", str)
@@ -187,17 +214,32 @@ class _RawResource:
     name: str
     backend: str
     options: dict[str, Any] = attrs.Factory(dict)
-    # The settings of one front end or another (frontend.SETTINGS); None: not in the file.
+    api: ApiName = field(
+        default=ApiName(Api.DEVICE_PLUGIN), metadata={"doc": "The front end serving the resource; its settings are more keys."}
+    )
+    # The CDI kind of the spec the host writes for the resource (default: the name, or the
+    # backend's choice); set only where the front end's consumers use that spec. None: not given.
     cdi_kind: str | None = None
-    allocate: tuple[AllocatePart, ...] | None = None
-    replicas: int | None = None
-    api: ApiName = ApiName(Api.DEVICE_PLUGIN)
-    dra_driver: str | None = None
-    device_metadata: bool | None = None
-    register_when_empty: bool | None = None
+    # Every other key: its front end's settings (documented with them, not as a key of its own).
+    settings: dict[str, Any] = field(factory=dict, metadata={"internal": True})
 
     def given(self) -> list[str]:
-        return [s for s in SETTINGS if getattr(self, s) is not None]
+        return ([CDI_KIND] if self.cdi_kind is not None else []) + list(self.settings)
+
+
+_RESOURCE_KEYS = (*CORE_KEYS, CDI_KIND)
+_raw_resource = cattrs.gen.make_dict_structure_fn(_RawResource, converter, settings=cattrs.override(omit=True))
+
+
+def _raw_resource_hook(value: Any, type_: Any) -> _RawResource:
+    """The resource's own keys structured, the others kept for its front end's settings."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping, got {_describe(value)}")
+    raw = _raw_resource({k: v for k, v in value.items() if k in _RESOURCE_KEYS}, type_)
+    return attrs.evolve(raw, settings={k: v for k, v in value.items() if k not in _RESOURCE_KEYS})
+
+
+converter.register_structure_hook(_RawResource, _raw_resource_hook)
 
 
 @frozen
@@ -363,10 +405,7 @@ def _parse_resources(
             )
         seen_names[r.name] = i
         given[r.name] = r.given()
-        for setting in given[r.name]:
-            if setting not in registered()[r.api].settings:
-                apis = " or ".join(owners(setting))
-                raise ConfigError(f"{setting} is a {apis} setting; this resource has api: {r.api}", f"{at}.{setting}", source)
+        _check_keys(r, at, source)
         if r.backend not in plugins:
             known = ", ".join(sorted(plugins)) or "none installed"
             raise BackendNotFound(f"unknown backend {r.backend!r} (known: {known})", f"{at}.backend", source)
@@ -375,40 +414,43 @@ def _parse_resources(
         except BackendError as exc:  # installed, but its package cannot be imported
             raise BackendNotFound(str(exc), f"{at}.backend", source) from exc
         # Every resource has a CDI kind (`cdiplug cdi generate` writes its spec, whatever its api);
-        # only a front end that reads cdi_kind lets the file choose it.
+        # only a front end whose consumers use that spec lets the file choose it.
         kind = r.cdi_kind or plugin.cdi_kind_for(r.name)
-        where = f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name"
-        problem = kind_problem(kind)
-        if not problem and spec_file_name(kind).startswith("cdiplug-claim-"):
-            # That file name is the DRA front end's per-claim spec, which it removes at will.
-            problem = f"CDI kind {kind!r} would be written to {spec_file_name(kind)}, a name kept for DRA's per-claim specs"
-        if not problem and len(spec_file_name(kind).encode()) > MAX_FILE_NAME:
-            problem = f"the CDI spec file name for kind {kind[:80]!r} would be longer than {MAX_FILE_NAME} bytes"
-        if problem:
-            raise ConfigError(problem, where, source)
+        if problem := spec_file_problem(kind):
+            raise ConfigError(problem, f"{at}.cdi_kind" if r.cdi_kind else f"{at}.name", source)
         if kind in seen_kinds:
             raise ConfigError(
                 f"CDI kind {kind!r} is already used by {base}.resources[{seen_kinds[kind]}]", f"{at}.cdi_kind", source
             )
         seen_kinds[kind] = i
         options = structure_options(plugin.options_type, r.options, f"{at}.options", source)
+        front_end = front_end_type(r.api)
+        settings = structure_options(front_end.settings, r.settings, at, source)
         resources.append(
             ResourceConfig(
                 name=r.name,
                 backend=r.backend,
                 options=options,
                 cdi_kind=kind,
-                allocate=frozenset(r.allocate) if r.allocate is not None else DEFAULT_ALLOCATE,
-                replicas=r.replicas if r.replicas is not None else 1,
                 api=r.api,
-                dra_driver=r.dra_driver or plugin.dra_driver_for(r.name),
-                device_metadata=bool(r.device_metadata),
-                register_when_empty=bool(r.register_when_empty),
+                settings=front_end.settle(settings, r.name, plugin),
+                overlapping_devices=front_end.overlapping_devices,
             )
         )
     config = Config(resources=tuple(resources), source=source, node_labels=node_labels, name=name, names=names, path=base)
     _raise_first(config, [p for api, group in by_api(config).items() for p in front_end_type(api).check(group)], given)
     return config
+
+
+def _check_keys(r: _RawResource, at: str, source: str) -> None:
+    """Every key of ``r`` is one its front end reads; one another front end reads is said so."""
+    allowed = setting_names(r.api)
+    for key in r.given():
+        if key in allowed:
+            continue
+        if apis := owners(key):
+            raise ConfigError(f"{key} is a {' or '.join(apis)} setting; this resource has api: {r.api}", f"{at}.{key}", source)
+        raise ConfigError(f"unknown key {key!r} (allowed: {', '.join([*CORE_KEYS, *allowed])})", at, source)
 
 
 def by_api(config: Config) -> dict[str, list[ResourceConfig[object]]]:
@@ -428,7 +470,7 @@ def _raise_first(config: Config, problems: Sequence[Problem], given: Mapping[str
     first = min(problems, key=lambda p: index[p.resource])
     setting = first.field.partition(".")[0]
     field = first.field
-    if given is not None and setting in SETTINGS and setting not in given[first.resource]:
+    if given is not None and setting not in (*CORE_KEYS, "options") and setting not in given[first.resource]:
         field = "name"
     raise ConfigError(first.message, f"{config.path}.resources[{index[first.resource]}].{field}", config.source)
 

@@ -3,23 +3,28 @@
 A front end serves resources to the kubelet through one API (``device-plugin``, ``dra``, or one a
 test or another package registers). What makes one:
 
-- a :class:`FrontEndType`, registered under its ``api`` name with :func:`register`: it checks the
-  resources of a configuration that name it (:meth:`~FrontEndType.check` when the file is read,
-  :meth:`~FrontEndType.check_node` against the node's folders at start and on every reload) and
-  makes the running :class:`FrontEnd` (:meth:`~FrontEndType.create`);
-- the per-resource settings it reads (a subset of :data:`SETTINGS`), given at registration so that
-  the configuration can refuse a setting the resource's front end does not use without loading
-  any front end (``replicas is a device-plugin setting; this resource has api: dra``);
-- the files in the state folder where an earlier run leaves it work (DRA: prepared claims), so
-  that the node starts it, with no resources, while one exists;
+- a :class:`FrontEndType`, registered under its ``api`` name with :func:`register`. It owns its
+  per-resource settings (:attr:`~FrontEndType.settings`: a frozen attrs class whose fields are
+  the keys a resource with this ``api`` may set beside ``name``, ``backend``, ``options`` and
+  ``api``), which the configuration structures with its one converter and the type completes
+  (:meth:`~FrontEndType.settle`: defaults that depend on the resource or its backend); it checks
+  those resources (:meth:`~FrontEndType.check` when the file is read,
+  :meth:`~FrontEndType.check_node` against the node's folders at start and on every reload); it
+  says what the handover needs (:meth:`~FrontEndType.holding`: which devices of a resource its
+  consumers still hold; :attr:`~FrontEndType.hold_cause`: the cause those are held with); it
+  names the files in the state folder where an earlier run leaves it work
+  (:attr:`~FrontEndType.state`, DRA: prepared claims), so that the node starts it, with no
+  resources, while one exists; and it makes the running :class:`FrontEnd`
+  (:meth:`~FrontEndType.create`). :class:`FrontEndTypeBase` gives the defaults of all but ``create``;
 - a :class:`FrontEnd`: ``start(resources)``, ``reload(resources, recreated)``, ``stop()``.
   :class:`FrontEndBase` holds the parts every front end is made of; :func:`changes` is the reload
   diff (removed / added / changed) every front end applies.
 
-Registered front ends are loaded on first use (``"module:attribute"``), so a daemon never imports
-one that no resource names: without ``api: dra`` the Kubernetes client is never loaded. The
-:class:`~cdiplug.node.Node` composes whatever is registered, in registration order; see
-``docs/architecture.md`` for how to add one.
+A registered type is named ``"module:attribute"`` and loaded on first use; it is kept light (its
+module imports only its settings), and imports its front end in ``create``, so a daemon never
+loads a front end that no resource names: without ``api: dra`` the Kubernetes client is never
+loaded. The :class:`~cdiplug.node.Node` composes whatever is registered, in registration order;
+see ``docs/architecture.md`` for how to add one.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+import attrs
 from attrs import frozen
 
+from cdiplug.backend import BackendPlugin
 from cdiplug.errors import CdiplugError
-from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.devices import DeviceSnapshot, HealthCause
+from cdiplug.models.names import MAX_FILE_NAME
+from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.telemetry.recorder import Recorder
 from cdiplug.toolkit.supervisor import Supervisor
@@ -42,20 +51,19 @@ from cdiplug.toolkit.supervisor import Supervisor
 # configuration imports; the front ends name it: FrontEndBase[BackendHost]).
 H = TypeVar("H")
 
-# The per-resource settings of the configuration beyond name, backend, options and api: each
-# belongs to the front ends that registered it; a resource setting one its front end does not use
-# is a configuration error.
-SETTINGS = ("cdi_kind", "allocate", "replicas", "dra_driver", "device_metadata", "register_when_empty")
-
+# The keys every resource has, whatever its api; the rest are its front end's settings.
+CORE_KEYS = ("name", "backend", "options", "api")
+# The one core setting that not every front end lets a file choose: the CDI kind of the spec the
+# host writes for the resource, chosen only where a front end's consumers use that spec.
+CDI_KIND = "cdi_kind"
 MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL
-MAX_FILE_NAME = 255  # bytes of one file name (NAME_MAX)
 
 
 @frozen
 class Problem:
     """Why one resource cannot be served: ``message`` about its setting ``field``.
 
-    ``field`` is a key of the resource (``replicas``, ``options``, ``dra_driver``) or a path below
+    ``field`` is a key of the resource (``options``, or one of its front end's settings) or a path below
     one (``options.count``); the configuration reports it as ``message @ $.resources[i].field
     (in FILE)``, and a setting the file left to its default as the resource's ``name``.
     """
@@ -91,8 +99,33 @@ class FrontEndParts(Generic[H]):
     recorder: Recorder
 
 
+# The latest snapshot of a resource (the host's), or None before its backend has reported.
+Latest = Callable[[str], DeviceSnapshot | None]
+
+
 class FrontEndType(Protocol):
-    """What is registered for one ``api``: its configuration checks and its front end."""
+    """What is registered for one ``api``: its settings, its checks, its part in the handover and its front end."""
+
+    # The frozen attrs class of its per-resource settings; its fields are the keys a resource may
+    # set. ResourceConfig.settings holds one (None when built by hand: the front end's defaults).
+    settings: type[Any]
+    # Its consumers use the CDI spec the host writes per resource (whose kind a file may choose:
+    # ``cdi_kind``); otherwise that spec is written for ``cdiplug cdi generate`` only.
+    host_specs: bool
+    # It can offer devices that overlap (partitions drawing on shared counters); a backend offers
+    # whole devices only to a front end that cannot (ResourceConfig.overlapping_devices).
+    overlapping_devices: bool
+    # The cause devices its consumers still hold are held with while a resource leaves it (the
+    # front end a resource goes to serves them Unhealthy with that cause); None: it takes part in
+    # no handover.
+    hold_cause: HealthCause | None
+    # Files in the instance's state folder where an earlier run may leave work only this front end can
+    # finish: while one exists the node starts it even when no resource names it.
+    state: tuple[str, ...]
+
+    def settle(self, settings: Any, resource: str, plugin: BackendPlugin[Any]) -> Any:
+        """``settings`` as read from the file, with the defaults that depend on the resource or its backend filled in."""
+        ...
 
     def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterable[Problem]:
         """Problems of ``resources`` (all those naming this api) found when the file is read."""
@@ -102,9 +135,62 @@ class FrontEndType(Protocol):
         """Problems that need the node's folders (socket paths), found at start and every reload."""
         ...
 
+    async def holding(
+        self, resources: Sequence[ResourceConfig[object]], world: World, latest: Latest, *, at_start: bool
+    ) -> Mapping[str, frozenset[str] | None]:
+        """Which devices of ``resources`` (each as this front end served it) its consumers still
+        hold, by resource: None where that is not known yet (which devices a claim names, before
+        the backend has reported). Raises :class:`~cdiplug.errors.CdiplugError` when it cannot
+        tell (the kubelet does not answer). ``at_start``: the daemon is starting, and asks for
+        each resource of another api whether an earlier run served it through this one."""
+        ...
+
+    def consumers(self, resource: ResourceConfig[object]) -> str:
+        """Who holds devices of ``resource`` through this front end, for messages: ``device-plugin pods``."""
+        ...
+
+    def holds(self, resource: ResourceConfig[object]) -> str:
+        """How this front end serves the devices held for another's consumers, for messages: ``advertised Unhealthy``."""
+        ...
+
     def create(self, parts: FrontEndParts[Any]) -> FrontEnd:
         """The front end, not started."""
         ...
+
+
+@frozen
+class NoSettings:
+    """The settings of a front end that reads none."""
+
+
+class FrontEndTypeBase:
+    """Defaults for a :class:`FrontEndType`: no settings, no checks, no part in the handover."""
+
+    settings: type[Any] = NoSettings
+    host_specs = False
+    overlapping_devices = False
+    hold_cause: HealthCause | None = None
+    state: tuple[str, ...] = ()
+
+    def settle(self, settings: Any, resource: str, plugin: BackendPlugin[Any]) -> Any:
+        return settings
+
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterable[Problem]:
+        return ()
+
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterable[Problem]:
+        return ()
+
+    async def holding(
+        self, resources: Sequence[ResourceConfig[object]], world: World, latest: Latest, *, at_start: bool
+    ) -> Mapping[str, frozenset[str] | None]:
+        return {r.name: frozenset() for r in resources}
+
+    def consumers(self, resource: ResourceConfig[object]) -> str:
+        return f"consumers of {resource.api}"
+
+    def holds(self, resource: ResourceConfig[object]) -> str:
+        return f"served Unhealthy through {resource.api}"
 
 
 class FrontEndBase(Generic[H]):
@@ -177,34 +263,37 @@ def socket_problem(path: Path) -> str | None:
 
 
 @frozen
-class Registration:
-    """One registered api: its name, the settings its front end reads, and where it is."""
+class FrontEndRegistration:
+    """One registered api: its name and its type (or where it is)."""
 
     api: str
-    settings: frozenset[str]
     target: str | FrontEndType  # "module:attribute", loaded on first use, or the object itself
-    state: tuple[str, ...] = ()  # files in the state folder an earlier run leaves for it to finish
 
 
-_registry: dict[str, Registration] = {}
+_registry: dict[str, FrontEndRegistration] = {}
 _loaded: dict[str, FrontEndType] = {}
 
 
-def register(api: str, front_end: str | FrontEndType, *, settings: Iterable[str] = (), state: Iterable[str] = ()) -> None:
+def register(api: str, front_end: str | FrontEndType) -> None:
     """Serve resources with ``api: <api>`` through ``front_end`` (or ``"module:attribute"`` naming
-    it, imported on first use); ``settings`` are the per-resource settings (of :data:`SETTINGS`)
-    it reads; ``state`` the files (in the state folder) where an earlier run may leave work only
-    this front end can finish: while one exists the node starts it even when no resource names it."""
-    claimed = frozenset(settings)
+    it, imported on first use)."""
     if not api or not isinstance(api, str):
         raise ValueError(f"an api is named by a non-empty string, got {api!r}")
+    api = str(api)  # an Api member as its name
     if api in _registry:
         raise ValueError(f"api {api!r} is already registered")
-    if unknown := claimed - set(SETTINGS):
-        raise ValueError(f"unknown settings {sorted(unknown)} (known: {', '.join(SETTINGS)})")
     if isinstance(front_end, str) and ":" not in front_end:
         raise ValueError(f"{front_end!r} is not 'module:attribute'")
-    _registry[api] = Registration(api, claimed, front_end, tuple(state))
+    if not isinstance(front_end, str):
+        _check_settings(api, front_end.settings)
+    _registry[api] = FrontEndRegistration(api, front_end)
+
+
+def _check_settings(api: str, settings: type[Any]) -> None:
+    if not attrs.has(settings):
+        raise ValueError(f"the settings of api {api!r} are not an attrs class: {settings!r}")
+    if clash := {a.name for a in attrs.fields(settings)} & {*CORE_KEYS, CDI_KIND}:
+        raise ValueError(f"the settings of api {api!r} name keys every resource has: {sorted(clash)}")
 
 
 def unregister(api: str) -> None:
@@ -213,14 +302,20 @@ def unregister(api: str) -> None:
     _loaded.pop(api, None)
 
 
-def registered() -> Mapping[str, Registration]:
+def registered() -> Mapping[str, FrontEndRegistration]:
     """Every registered api, in registration order (the order in which the node starts them)."""
     return dict(_registry)
 
 
+def setting_names(api: str) -> list[str]:
+    """The keys a resource of ``api`` may set beside the core ones, ``cdi_kind`` first where it may."""
+    kind = front_end_type(api)
+    return ([CDI_KIND] if kind.host_specs else []) + [a.name for a in attrs.fields(kind.settings)]
+
+
 def owners(setting: str) -> list[str]:
-    """The apis whose front ends read ``setting``."""
-    return [r.api for r in _registry.values() if setting in r.settings]
+    """The apis whose resources may set ``setting`` (loads every registered type)."""
+    return [api for api in _registry if setting in setting_names(api)]
 
 
 def front_end_type(api: str) -> FrontEndType:
@@ -236,17 +331,12 @@ def front_end_type(api: str) -> FrontEndType:
         module, _, attribute = target.partition(":")
         try:
             target = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as exc:
+            _check_settings(api, target.settings)
+        except (ImportError, AttributeError, ValueError) as exc:
             raise CdiplugError(f"the front end of api {api!r} ({registration.target}) cannot be loaded: {exc}") from exc
     _loaded[api] = target
     return target
 
 
-register(
-    "device-plugin",
-    "cdiplug.deviceplugin.frontend:FRONT_END",
-    settings=("cdi_kind", "allocate", "replicas", "register_when_empty"),
-)
-# dra-claims.json: the claims a driver prepared, which the kubelet unprepares through it even
-# after its resource left DRA (cdiplug.dra.checkpoint.FILE_NAME).
-register("dra", "cdiplug.dra.frontend:FRONT_END", settings=("dra_driver", "device_metadata"), state=("dra-claims.json",))
+register(Api.DEVICE_PLUGIN, "cdiplug.deviceplugin.settings:FRONT_END")
+register(Api.DRA, "cdiplug.dra.settings:FRONT_END")

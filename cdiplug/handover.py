@@ -1,29 +1,28 @@
-"""A resource moving between the device plugin and DRA on a live node: never two pods on one device.
+"""A resource moving from one front end to another on a live node: never two pods on one device.
 
-When a reload changes a resource's ``api`` from ``device-plugin`` to ``dra`` the node (in this
-order) stops the device plugin's resource (its socket goes, so the kubelet's allocatable drops to
-0 and the scheduler sends no new classic pods for it), asks the kubelet's PodResources API which
-of its devices running device-plugin pods still hold, and only then starts the DRA driver: those
-devices are offered to it Unhealthy with the cause ``device-plugin-pod``, so the ResourceSlice
-carries them tainted ``cdiplug.dev/device-plugin-pod=true:NoSchedule`` and no DRA claim gets
-them. Every ``interval`` seconds it asks again; a device no pod holds any more loses its taint,
-and once none is held the handover is done.
+When a reload changes a resource's ``api`` (``device-plugin`` -> ``dra``, say) the node (in this
+order) has the front end it leaves stop serving it (the device plugin's socket goes, so the
+kubelet's allocatable drops to 0 and the scheduler sends no new classic pods for it), asks that
+front end which devices its consumers still hold (:meth:`~cdiplug.frontend.FrontEndType.holding`:
+device-plugin pods, through the kubelet's PodResources API), and only then has the front end it
+goes to serve it: those devices are held (:meth:`~cdiplug.host.BackendHost.hold`), offered to
+every front end Unhealthy with the cause the leaving front end names
+(:attr:`~cdiplug.frontend.FrontEndType.hold_cause`), so the new one serves them to no new
+consumer (DRA publishes them tainted ``cdiplug.dev/device-plugin-pod=true:NoSchedule``; the
+device plugin advertises devices DRA claims still use Unhealthy, cause ``dra-claim``). Every
+``interval`` seconds it asks again; a device no consumer holds any more is served again, and once
+none is held the handover is done.
 
-The way back (``dra`` -> ``device-plugin``) is the same with the roles swapped: the DRA driver
-stops first (its slices withdrawn), and the devices running pods use through claims of its driver
-(PodResources' dynamic resources, ``<node>/<device>`` in the driver's pool) are advertised to the
-kubelet Unhealthy (cause ``dra-claim``), which allocates no Unhealthy device, until those pods
-are gone.
+A front end that cannot tell (the kubelet does not answer) means "don't know": every device of
+the resource stays held until it can. A daemon that starts with a resource on one api asks once
+whether another front end's consumers still hold its devices (a DaemonSet rolled with a new
+configuration, or a restart during a handover) and holds them the same way; where which devices
+is not known yet (claims, before the backend has reported), every device is held until it is.
+Each step is logged and, through ``report``, a Node Event. No front end is named here: what each
+one's consumers hold, and how, is the front end's (:mod:`cdiplug.frontend`).
 
-A kubelet that does not answer means "don't know": every device of the resource stays held until
-it does. A daemon that starts with a resource on one API checks once whether the other API's
-pods still hold its devices (a DaemonSet rolled with a new configuration, or a restart during a
-handover) and holds them the same way; before its backend has reported, which devices claims name
-is not known, so every device is held until it has. Each step is logged and, through ``report``, a
-Node Event.
-
-The boundary: which devices are held and when they are free; the taint is the DRA front end's,
-the holding the host's (:meth:`~cdiplug.host.BackendHost.hold`).
+The boundary: which devices are held and when they are free; how a held device is served is each
+front end's, the holding the host's.
 """
 
 from __future__ import annotations
@@ -32,57 +31,64 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from cdiplug.deviceplugin.release import Lister, list_allocated
-from cdiplug.errors import KubeletError
+from attrs import frozen
+
+from cdiplug.errors import CdiplugError
+from cdiplug.frontend import FrontEndType, front_end_type
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import HealthCause
-from cdiplug.models.names import dns_label_for
+from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from cdiplug.deviceplugin.pod_resources import AllocatedDevices
 
 log = logging.getLogger(__name__)
 
-HELD = HealthCause("device-plugin-pod")  # the taint cdiplug.dev/device-plugin-pod=true:NoSchedule
-CLAIMED = HealthCause("dra-claim")  # held for DRA claims, advertised Unhealthy to the device plugin
 TASK = "handover"
 Report = Callable[[str, str], None]  # (reason, message): a Node Event
-Done = Callable[[str], Awaitable[None]]
+Done = Callable[[ResourceConfig[object]], Awaitable[None]]  # with the resource as the front end it left served it
+Held = Mapping[str, frozenset[str] | None]
 
 
 def _nothing(reason: str, message: str) -> None:
     pass
 
 
+@frozen
+class Move:
+    """A resource going from one front end to another: ``leaving`` is the resource as the front
+    end it leaves served it (its ``api``, its settings), ``to`` the api it goes to."""
+
+    leaving: ResourceConfig[object]
+    to: str
+
+    @property
+    def name(self) -> str:
+        return self.leaving.name
+
+
 class Handover:
-    """Holds, for the DRA front end, the devices device-plugin pods still use; see the module docstring."""
+    """Holds, for the front end a resource goes to, the devices the consumers of the one it left
+    still use; see the module docstring."""
 
     def __init__(
         self,
         host: BackendHost,
-        socket: Path,
+        world: World,
         supervisor: Supervisor,
-        node: str,
         *,
         interval: float = 5.0,
-        lister: Lister = list_allocated,
         report: Report = _nothing,
         done: Done | None = None,
     ) -> None:
         self.host = host
-        self.socket = Path(socket)
+        self.world = world
         self.supervisor = supervisor
-        self.node = node
         self.interval = interval
-        self.lister = lister
         self.report = report
         self.done = done  # awaited with a resource whose handover the background check finished
         self._started: dict[str, float] = {}  # resource -> when its handover began (monotonic)
-        self._driver: dict[str, str | None] = {}  # resource -> the DRA driver it leaves (None: it goes to DRA)
+        self._moves: dict[str, Move] = {}  # resource -> its move, while its handover is not done
         self._wake = asyncio.Event()
 
     @property
@@ -91,111 +97,114 @@ class Handover:
         return sorted(self._started)
 
     def target(self, resource: str) -> str | None:
-        """The api ``resource`` is being handed to (``dra``, ``device-plugin``), or None."""
-        if resource not in self._started:
-            return None
-        return "dra" if self._driver[resource] is None else "device-plugin"
+        """The api ``resource`` is being handed to, or None."""
+        move = self._moves.get(resource) if resource in self._started else None
+        return move.to if move is not None else None
 
-    async def begin(
-        self, resources: Iterable[str], *, leaving_driver: Mapping[str, str] | None = None, at_start: bool = False
-    ) -> None:
-        """``resources`` just left one API for the other (the old front end stopped them): hold
-        what pods hold, before the new front end serves them. ``leaving_driver`` (resource -> DRA
-        driver) says they leave DRA for the device plugin; without it they go to DRA.
+    def leaving(self, resource: str) -> ResourceConfig[object] | None:
+        """``resource`` as the front end it is leaving served it, while its handover is not done."""
+        move = self._moves.get(resource) if resource in self._started else None
+        return move.leaving if move is not None else None
 
-        ``at_start``: the daemon starts with them on the API ``leaving_driver`` says (a pod rolled
-        with a new configuration, or restarted mid-handover, may follow one that served them
-        through the other): held only where the kubelet answers that the other API's pods hold
-        them; nothing is said otherwise."""
-        names = [r for r in resources if r not in self._started]
-        if not names:
+    def _type(self, move: Move) -> FrontEndType:
+        return front_end_type(move.leaving.api)
+
+    def _cause(self, move: Move) -> HealthCause:
+        cause = self._type(move).hold_cause
+        assert cause is not None  # begin() takes no move from a front end without one
+        return cause
+
+    async def _ask(self, moves: Iterable[Move], at_start: bool) -> dict[str, Held | None]:
+        """What the consumers of each leaving api hold, by api; None where its front end cannot tell."""
+        by_api: dict[str, list[ResourceConfig[object]]] = {}
+        for move in moves:
+            by_api.setdefault(move.leaving.api, []).append(move.leaving)
+        answers: dict[str, Held | None] = {}
+        for api, resources in by_api.items():
+            try:
+                answers[api] = await front_end_type(api).holding(resources, self.world, self.host.latest, at_start=at_start)
+            except CdiplugError as exc:
+                names = ", ".join(r.name for r in resources)
+                if at_start:
+                    log.debug("no handover check at start for %s (%s): %s", names, api, exc)
+                else:
+                    log.warning("%s cannot tell what its consumers hold (%s): every device of %s stays held", api, exc, names)
+                answers[api] = None
+        return answers
+
+    async def begin(self, moves: Iterable[Move], *, at_start: bool = False) -> None:
+        """Each move's resource just left one front end for another (the old one stopped serving
+        it): hold what the old one's consumers hold, before the new front end serves it.
+
+        ``at_start``: the daemon starts with each resource on ``to``, and asks whether an earlier
+        run served it through the front end of ``leaving`` (a pod rolled with a new configuration,
+        or restarted mid-handover, may follow one that did): held only where that front end says
+        its consumers hold some; nothing is said otherwise. A resource takes the first of its
+        moves whose consumers hold something."""
+        wanted: list[Move] = []
+        for move in moves:
+            if move.name not in self._started and self._type(move).hold_cause is not None:
+                wanted.append(move)
+        if not wanted:
             return
-        for name in names:
-            self._driver[name] = leaving_driver.get(name) if leaving_driver is not None else None
-        try:
-            allocated: AllocatedDevices | None = await self.lister(self.socket)
-        except KubeletError as exc:
-            if at_start:
-                log.debug("no handover check at start: %s", exc)
-                for name in names:
-                    del self._driver[name]
-                return
-            log.warning("the kubelet's PodResources did not answer (%s): every device of %s stays held", exc, ", ".join(names))
-            allocated = None
-        if at_start:
-            for name in [n for n in names if allocated is None or self._holding(n, allocated) == frozenset()]:
-                del self._driver[name]
-                names.remove(name)
-        for name in names:
-            self._started[name] = time.monotonic()
-            if self._driver[name] is None:
-                log.info("%s moves from the device plugin to DRA: the device plugin stopped advertising it", name)
-            else:
-                log.info("%s moves from DRA to the device plugin: the DRA driver %s stopped", name, self._driver[name])
-            self._hold(name, allocated)
+        answers = await self._ask(wanted, at_start)
+        begun: list[str] = []
+        for move in wanted:
+            if move.name in self._started:
+                continue  # an earlier move of the same resource holds it
+            held = answers[move.leaving.api]
+            if at_start and (held is None or held.get(move.name) == frozenset()):
+                continue
+            self._started[move.name] = time.monotonic()
+            self._moves[move.name] = move
+            log.info("%s moves from %s to %s: %s stopped serving it", move.name, move.leaving.api, move.to, move.leaving.api)
+            self._hold(move, held)
+            begun.append(move.name)
+        if not begun:
+            return
         if not self.supervisor.running(TASK):
             self.supervisor.spawn(TASK, self._run())
         self._wake.set()
 
     def cancel(self, resources: Iterable[str]) -> None:
-        """``resources`` are no longer served by DRA (removed, or back to the device plugin)."""
+        """``resources`` are no longer handed to the api they were going to (removed, or moved again)."""
         for name in resources:
             if self._started.pop(name, None) is not None:
-                self._driver.pop(name, None)
-                self.host.hold(name, frozenset(), HELD)
+                move = self._moves.pop(name)
+                self.host.hold(name, frozenset(), self._cause(move))
                 log.info("%s: its handover ends unfinished (it moved again)", name)
 
-    def _holding(self, name: str, allocated: AllocatedDevices) -> frozenset[str] | None:
-        """The devices of ``name`` that pods of the API it leaves hold; None when claims hold some
-        but the backend has not reported yet (a start), so which is not known."""
-        driver = self._driver[name]
-        if driver is None:
-            return allocated.underlying(name)
-        claimed = {c for c in allocated.of_driver(driver) if c.startswith(f"{self.node}/")}
-        if not claimed:
-            return frozenset()
-        latest = self.host.latest(name)
-        if latest is None:
-            return None
-        return frozenset(d.id for d in latest.devices if f"{self.node}/{dns_label_for(d.id)}" in claimed)
-
-    def _hold(self, name: str, allocated: AllocatedDevices | None) -> None:
-        driver = self._driver[name]
-        if allocated is None:  # the kubelet did not answer: whatever pods hold, every device stays held
+    def _hold(self, move: Move, held: Held | None) -> None:
+        name, cause = move.name, self._cause(move)
+        if held is None:  # the front end cannot tell: whatever its consumers hold, every device stays held
             latest = self.host.latest(name)
             if latest is None:  # nor has the backend reported (recreated by the same reload): all, as it reports them
-                self.host.hold_all(name, HELD if driver is None else CLAIMED)
+                self.host.hold_all(name, cause)
                 return
-            ids = frozenset(d.id for d in latest.devices)
+            ids: frozenset[str] | None = frozenset(d.id for d in latest.devices)
         else:
-            holding = self._holding(name, allocated)
-            if holding is None:  # until the backend reports: every device, asked again each interval
-                self.host.hold_all(name, CLAIMED)
-                log.info(
-                    "%s: claims of %s still used by running pods: every device held until its devices are known", name, driver
-                )
-                return
-            ids = holding
+            ids = held.get(name, frozenset())
+        if ids is None:  # until the backend reports: every device, asked again each interval
+            self.host.hold_all(name, cause)
+            log.info("%s: still used by %s: every device held until its devices are known", name, self._consumers(move))
+            return
         if ids == self.host.held(name) and ids:
             return
-        self.host.hold(name, ids, HELD if driver is None else CLAIMED)
+        self.host.hold(name, ids, cause)
         if ids:
-            if driver is None:
-                message = (
-                    f"{name}: {', '.join(sorted(ids))} still used by device-plugin pods: published to DRA tainted NoSchedule"
-                )
-            else:
-                message = (
-                    f"{name}: {', '.join(sorted(ids))} still used through {driver} claims: advertised Unhealthy to the kubelet"
-                )
+            goes_to = front_end_type(move.to).holds(move.leaving)
+            message = f"{name}: {', '.join(sorted(ids))} still used by {self._consumers(move)}: {goes_to}"
             log.info("%s", message)
             self.report("HandoverHeld", message)
         else:
             took = time.monotonic() - self._started.pop(name)
-            self._driver.pop(name, None)
-            message = f"{name}: no pod of the other API holds a device any more; every device is served ({took:.1f} s)"
+            self._moves.pop(name, None)
+            message = f"{name}: no consumer of {move.leaving.api} holds a device any more; every device is served ({took:.1f} s)"
             log.info("%s", message)
             self.report("HandoverDone", message)
+
+    def _consumers(self, move: Move) -> str:
+        return self._type(move).consumers(move.leaving)
 
     async def _run(self) -> None:
         while self._started:
@@ -207,12 +216,13 @@ class Handover:
                 pass
             if not self._started:
                 return
-            try:
-                allocated = await self.lister(self.socket)
-            except KubeletError as exc:
-                log.warning("handover waits for the kubelet's PodResources: %s", exc)
-                continue
-            for name in list(self._started):
-                self._hold(name, allocated)
-                if name not in self._started and self.done is not None:
-                    await self.done(name)
+            moves = [self._moves[name] for name in list(self._started)]
+            answers = await self._ask(moves, at_start=False)
+            for move in moves:
+                held = answers[move.leaving.api]
+                if held is None or move.name not in self._started:
+                    continue  # asked again next interval; until then what is held stays held
+                self._hold(move, held)
+                if move.name not in self._started:
+                    if self.done is not None:
+                        await self.done(move.leaving)

@@ -15,29 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from cdiplug.backend import Backend, BackendPlugin
 from cdiplug.config import Config, by_api
 from cdiplug.frontend import FrontEnd, FrontEndParts, front_end_type, registered
-from cdiplug.handover import Handover
+from cdiplug.handover import Handover, Move
 from cdiplug.host import BackendHost
 from cdiplug.host.backends import BACKOFF_INITIAL, BACKOFF_MAX
-from cdiplug.kube.own_node import OwnNode
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
 from cdiplug.toolkit.supervisor import Supervisor
 
+if TYPE_CHECKING:
+    from cdiplug.kube.own_node import OwnNode
+
 log = logging.getLogger(__name__)
 
 
 def spec_kinds(config: Config) -> list[str]:
-    """The CDI kinds whose host-written specs stay: those of resources whose front end reads
-    ``cdi_kind`` (the front ends serving the host's spec of a resource, the device plugin's)."""
-    apis = registered()
-    return [r.cdi_kind for r in config.resources if r.api in apis and "cdi_kind" in apis[r.api].settings]
+    """The CDI kinds whose host-written specs stay: those of resources whose front end's consumers
+    use the host's spec of a resource (the device plugin's)."""
+    return [r.cdi_kind for r in config.resources if front_end_type(r.api).host_specs]
 
 
 class Node:
@@ -66,12 +67,7 @@ class Node:
         backoff = backoff if backoff is not None else (BACKOFF_INITIAL, BACKOFF_MAX)
         self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, backoff=backoff)
         self._parts = FrontEndParts(world, self.host, supervisor, recorder)
-        self.handover = Handover(
-            self.host, world.pod_resources_socket, supervisor, world.node_name, report=self._report, done=self._handover_done
-        )
-        # resource -> the CDI kind of its device-plugin spec, kept while device-plugin pods still
-        # hold its devices after it moved to DRA (a container of theirs that restarts needs it).
-        self._kept_kinds: dict[str, str] = {}
+        self.handover = Handover(self.host, world, supervisor, report=self._report, done=self._handover_done)
         self._front_ends: dict[str, FrontEnd] = {}  # by api, in the order they started
         self._lock = asyncio.Lock()
         self._stopped = False
@@ -105,22 +101,29 @@ class Node:
             if self.own_node is not None:
                 self.host.observe(self.own_node.observe)
                 self.own_node.configure(config, self.host)
-            # A pod rolled with a new configuration may follow one whose device-plugin pods, or
-            # whose DRA claims' pods, still run: what they hold is held before anything serves it.
-            await self.handover.begin([r.name for r in config.resources if r.api == "dra"], at_start=True)
-            self._kept_kinds = {r.name: r.cdi_kind for r in config.resources if r.name in self.handover.moving}
+            # A pod rolled with a new configuration may follow one that served a resource through
+            # another front end, whose consumers still run: what they hold is held before anything serves it.
+            await self.handover.begin(self._earlier_apis(config), at_start=True)
             await self.host.specs.remove_stale(self._spec_kinds())
-            from_dra = {r.name: r.dra_driver for r in config.resources if r.api == "device-plugin"}
-            await self.handover.begin(from_dra, leaving_driver=from_dra, at_start=True)
             groups = by_api(config)
             for api, resources in groups.items():
                 await self._start_front_end(api, resources)
             # A front end no resource names may still have work an earlier run left (DRA: claims
             # the kubelet must unprepare through their driver).
-            for registration in registered().values():
-                if registration.api not in groups and any((self.world.own_state_dir / f).exists() for f in registration.state):
-                    await self._start_front_end(registration.api, [])
+            for api in registered():
+                if api not in groups and any((self.world.own_state_dir / f).exists() for f in front_end_type(api).state):
+                    await self._start_front_end(api, [])
             self.host.start()
+
+    def _earlier_apis(self, config: Config) -> Iterator[Move]:
+        """Each resource as every other front end that takes part in handovers would serve it."""
+        for r in config.resources:
+            plugin = self.host.plugins[r.backend]
+            for api in registered():
+                kind = front_end_type(api)
+                if api != r.api and kind.hold_cause is not None:
+                    settings = kind.settle(kind.settings(), r.name, plugin)
+                    yield Move(ResourceConfig(r.name, r.backend, r.options, r.cdi_kind, api=api, settings=settings), r.api)
 
     async def reload(self, config: Config) -> None:
         """Apply a new configuration; raises (changing nothing) when a new backend cannot be created."""
@@ -140,15 +143,13 @@ class Node:
             for api, front_end in self._front_ends.items():
                 staying = [r for r in after.get(api, ()) if r.name in before.get(api, ())]
                 await front_end.reload(staying, recreated)
-            # Between the device plugin and DRA: what the other API's pods still hold is held
-            # before the new front end serves the resource.
+            # Between front ends: what the old one's consumers still hold is held before the new
+            # front end serves the resource.
             apis = {r.name: r.api for r in config.resources}
             self.handover.cancel(n for n in self.handover.moving if apis.get(n) != self.handover.target(n))
-            to_dra = [n for n, api in apis.items() if api == "dra" and n in before.get("device-plugin", ())]
-            await self.handover.begin(to_dra)
-            self._kept_kinds.update({n: old[n].cdi_kind for n in to_dra})
-            to_dp = {n: old[n].dra_driver for n, api in apis.items() if api == "device-plugin" and n in before.get("dra", ())}
-            await self.handover.begin(to_dp, leaving_driver=to_dp)
+            await self.handover.begin(
+                Move(old[r.name], r.api) for r in config.resources if r.name in old and old[r.name].api != r.api
+            )
             for api, resources in after.items():
                 if api not in self._front_ends:
                     await self._start_front_end(api, resources)
@@ -157,14 +158,15 @@ class Node:
             await self.host.specs.remove_stale(self._spec_kinds())
 
     def _spec_kinds(self) -> list[str]:
-        """The CDI kinds whose host-written specs stay: the configured device-plugin resources',
-        and those of resources moved to DRA while device-plugin pods still hold their devices."""
-        self._kept_kinds = {n: k for n, k in self._kept_kinds.items() if self.handover.target(n) == "dra"}
-        return spec_kinds(self.config) + sorted(self._kept_kinds.values())
+        """The CDI kinds whose host-written specs stay: those of the configured resources whose
+        front end uses them, and those of resources that left such a front end while its consumers
+        still hold their devices (a container of theirs that restarts needs the spec)."""
+        leaving = [r for n in self.handover.moving if (r := self.handover.leaving(n)) is not None]
+        return spec_kinds(self.config) + sorted({r.cdi_kind for r in leaving if front_end_type(r.api).host_specs})
 
-    async def _handover_done(self, resource: str) -> None:
+    async def _handover_done(self, left: ResourceConfig[object]) -> None:
         async with self._lock:  # never beside a reload, which writes and sweeps specs itself
-            if not self._stopped and resource in self._kept_kinds:
+            if not self._stopped and front_end_type(left.api).host_specs:
                 await self.host.specs.remove_stale(self._spec_kinds())
 
     def _report(self, reason: str, message: str) -> None:

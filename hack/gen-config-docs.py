@@ -6,9 +6,9 @@
 
 It walks attrs classes generically: the file's top level (``cdiplug.config._RawConfig``), every
 class its fields lead to, the per-resource settings class of every registered front end (when a
-front end has one), and the options class of every installed backend (``cdiplug.backends`` entry
-points), with every attrs class their fields lead to. Per key: its name as the file spells it
-(``class_`` renamed ``class``), its type, its default, an example, and a description taken from
+front end has one), and the options class of every backend the repository registers (the
+``cdiplug.backends`` entry points of pyproject.toml, installed or not), with every attrs class
+their fields lead to. Per key: its name as the file spells it (``class_`` renamed ``class``), its type, its default, an example, and a description taken from
 the comments beside the field in the source (or ``metadata={"doc": ...}``; ``metadata={"example":
 ...}`` gives the example). Nothing here names a key, so a new option needs no edit here, and the
 test (tests/hack/test_config_docs.py) fails until the page is regenerated.
@@ -296,11 +296,16 @@ def example_value(t: Any) -> Any:
     return SAMPLES.get(t, "value")
 
 
+def _keys(cls: type) -> list[attrs.Attribute[Any]]:
+    """The fields of ``cls`` a file writes (one marked ``metadata={"internal": True}`` is not a key)."""
+    return [a for a in attrs.fields(cls) if not a.metadata.get("internal")]
+
+
 def rows(walker: Walker, cls: type) -> Iterator[tuple[str, str, str, str, str]]:
     notes = comments(cls)
     written = documented(cls)
     hints = _hints(cls)
-    for a in attrs.fields(cls):
+    for a in _keys(cls):
         t = hints.get(a.name, a.type)
         key = key_of(a)
         value, comment = written.get(key, ("", ""))
@@ -316,14 +321,27 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def backends() -> dict[str, Any]:
+    """The backends this repository registers (pyproject.toml's ``cdiplug.backends`` entry points,
+    whatever this environment installed), each plugin imported from its ``module:attr``."""
+    import importlib
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    found = {}
+    for name, target in sorted(project["entry-points"]["cdiplug.backends"].items()):
+        module, _, attr = target.partition(":")
+        found[name] = getattr(importlib.import_module(module), attr)
+    return found
+
+
 def roots() -> Iterator[tuple[str, type, str, str]]:
     """(title, class, where in the file, what the section is) of every starting point."""
     from cdiplug import config, frontend
-    from cdiplug.backend import load_plugins
 
     yield "The file", config._RawConfig, "", "The top level of the file."
-    for api, kind in frontend.registered().items():
-        settings = getattr(kind, "settings", None)
+    for api in frontend.registered():
+        settings = frontend.front_end_type(api).settings
         if isinstance(settings, type) and attrs.has(settings) and attrs.fields(settings):
             yield (
                 f"Settings of api: {api}",
@@ -331,11 +349,10 @@ def roots() -> Iterator[tuple[str, type, str, str]]:
                 "resources[]",
                 f"More keys of a resource with `api: {api}`, beside its name, backend, options and api.",
             )
-    plugins = load_plugins()
-    for name in plugins:
+    for name, plugin in backends().items():
         yield (
             f"Backend {name}: options",
-            plugins[name].options_type,
+            plugin.options_type,
             "resources[].options",
             f"The `options` of a resource with `backend: {name}`.",
         )
@@ -366,7 +383,7 @@ def sections() -> dict[str, list[str]]:
     walker = Walker()
     for title, cls, where, _ in roots():
         walker.add(cls, title, where)
-    return {title.replace("`", ""): [key_of(a) for a in attrs.fields(cls)] for title, cls, _ in walker.order}
+    return {title.replace("`", ""): [key_of(a) for a in _keys(cls)] for title, cls, _ in walker.order}
 
 
 def main() -> int:

@@ -189,7 +189,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
                 )
                 for i in range(opts.count)
             )
-            if opts.partitions and resource.api == "dra":  # device-plugin devices cannot overlap: whole ones only
+            if opts.partitions and resource.overlapping_devices:  # else whole devices only (they cannot overlap)
                 devices = tuple(
                     p for i, d in enumerate(devices) for p in shapes.partitions_of(d, opts.partitions, f"{prefix}_DEVICE_{i}")
                 )
@@ -198,7 +198,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
 
     def _counter_sets(self, resource: ResourceConfig[FakeOptions]) -> tuple[CounterSet, ...]:
         opts = resource.options
-        if not opts.partitions or resource.api != "dra":
+        if not opts.partitions or not resource.overlapping_devices:
             return ()
         cls = resource_class(resource.name)
         return tuple(shapes.counter_set(f"{cls}-{i}", opts.partitions) for i in range(opts.count))

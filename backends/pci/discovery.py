@@ -3,7 +3,7 @@
 Pure functions of one sysfs scan (:class:`~cdiplug_backends.pci.sysfs.PciTopology`), the resources in
 config order and what the journal recorded about functions cdiplug bound. No I/O here.
 
-Rules (issue #4):
+Rules:
 
 - A function goes to the first resource whose selectors pick it. Selectors that look at the
   driver or the network interface match what the function had before cdiplug bound it to

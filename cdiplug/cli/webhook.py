@@ -43,6 +43,7 @@ def drivers_of(config_path: str | None) -> dict[str, Any]:
     from cdiplug.backend import abilities_of, load_plugins
     from cdiplug.config import load_config
     from cdiplug.dra.admission import Driver
+    from cdiplug.dra.settings import driver_of
     from cdiplug.models.resource import Api
     from cdiplug.models.world import World
 
@@ -54,14 +55,14 @@ def drivers_of(config_path: str | None) -> dict[str, Any]:
     for config in configs:
         by_backend: dict[str, list[Any]] = {}
         for r in config.resources:
-            if r.api == Api.DRA and r.dra_driver not in out:
+            if r.api == Api.DRA and driver_of(r) not in out:
                 by_backend.setdefault(r.backend, []).append(r)
         for backend_name, resources in by_backend.items():
             # Created, never run: only its claim configuration class is asked for.
             backend = plugins[backend_name].create(resources, world)
             configurable = abilities_of(backend).configurable
             for r in resources:
-                out.setdefault(r.dra_driver, Driver(r.name, configurable))
+                out.setdefault(driver_of(r), Driver(r.name, configurable))
     return out
 
 

@@ -6,7 +6,7 @@
 - :mod:`.server`: the gRPC edge (protobuf, sockets, status codes).
 - :mod:`.allocator`: request validation, replicas, preparation through the host, answers.
 - :mod:`.preferred`: the core preferred-allocation policy.
-- :mod:`.registration`, :mod:`.kubelet_watch`, :mod:`.pod_resources`, :mod:`.release`: talking
+- :mod:`.registration`, :mod:`.kubelet_watch`, :mod:`.release` (with :mod:`cdiplug.wire.pod_resources`): talking
   to the kubelet.
 
 It stands on :mod:`cdiplug.host` and never imports the DRA front end.

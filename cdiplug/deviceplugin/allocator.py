@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from cdiplug.backend import Abilities
 from cdiplug.cdi.annotations import annotations as cdi_annotations
 from cdiplug.deviceplugin.preferred import Affinity, preferred_allocation
+from cdiplug.deviceplugin.settings import settings_of
 from cdiplug.errors import InvalidRequest
 from cdiplug.host import Preparations, SpecKeeper
 from cdiplug.models.devices import AllocatePart, ContainerAllocation, ContainerEdits, Device, DeviceSnapshot, PreferredRequest
@@ -65,6 +66,7 @@ class Allocator:
         recorder: Recorder = NULL_RECORDER,
     ) -> None:
         self.resource = resource
+        self.replicas = settings_of(resource).replicas
         self.abilities = abilities
         self.preparations = preparations
         self.spec = spec
@@ -76,7 +78,7 @@ class Allocator:
         # Answers to one container request of healthy devices, checked against _answers_for.
         self._answers_for: DeviceSnapshot | None = None
         self._answers: dict[tuple[str, ...], ContainerAllocation] = {}
-        parts = resource.allocate
+        parts = settings_of(resource).allocate
         self._send_env = AllocatePart.ENVVAR in parts
         self._send_specs = AllocatePart.DEVICE_SPECS in parts
         self._send_mounts = AllocatePart.MOUNTS in parts
@@ -91,11 +93,11 @@ class Allocator:
             return
         if snapshot.resource != self.resource.name:
             raise ValueError(f"snapshot of {snapshot.resource} given to the allocator of {self.resource.name}")
-        advertised = expand(snapshot, self.resource.replicas)
+        advertised = expand(snapshot, self.replicas)
         if advertised is snapshot:
             underlying: Mapping[str, Device] = snapshot.by_id
         else:
-            underlying = {replica_id(d.id, i): d for d in snapshot.devices for i in range(self.resource.replicas)}
+            underlying = {replica_id(d.id, i): d for d in snapshot.devices for i in range(self.replicas)}
         self._snapshot, self._advertised, self._underlying = snapshot, advertised, underlying
 
     @property
@@ -289,7 +291,7 @@ class Allocator:
             request,
             self._advertised,
             affinity=self._affinity_fn(),
-            underlying=self._underlying_id if self.resource.replicas > 1 else None,
+            underlying=self._underlying_id if self.replicas > 1 else None,
         )
 
     def _underlying_id(self, advertised_id: str) -> str:

@@ -13,10 +13,7 @@ Per resource it runs a :class:`~cdiplug.deviceplugin.allocator.Allocator` and a
   once the kubelet's PodResources API shows no pod holding them.
 - **reload**: resources added, removed or changed start, stop or update; the others are not
   touched. Servers of resources that stay keep running and keep their streams.
-- **configuration** (:data:`FRONT_END`, registered as ``api: device-plugin``): ``replicas`` from 1
-  to 65,536, a non-empty ``allocate``, and every resource's devices fitting one ListAndWatch
-  message the kubelet accepts (4 MiB) when the file is read; the socket paths in the kubelet
-  folder (107 bytes, cdiplug's temporary names included) at start and every reload.
+- **configuration**: its settings and checks are :mod:`.settings` (registered as ``api: device-plugin``).
 
 The boundary: this module decides what runs when; protobuf lives in :mod:`.server`, the Register
 call in :mod:`.registration`; backends, preparation and spec files are the host's.
@@ -26,21 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
-from cdiplug.backend import SizedOptions
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.kubelet_watch import KubeletEvent, KubeletWatch
 from cdiplug.deviceplugin.registration import Registration, register
 from cdiplug.deviceplugin.release import Releaser
 from cdiplug.deviceplugin.resource import ServedResource
 from cdiplug.deviceplugin.server import ResourceServer
+from cdiplug.deviceplugin.settings import settings_of
 from cdiplug.errors import CdiplugError
-from cdiplug.frontend import MAX_SOCKET_PATH, FrontEndBase, FrontEndParts, Problem, changes, socket_problem
+from cdiplug.frontend import FrontEndBase, FrontEndParts, changes
 from cdiplug.host import BackendHost
 from cdiplug.models.resource import ResourceConfig
-from cdiplug.models.world import World
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +139,7 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
         self.supervisor.spawn(res.register_task, self._register(res))
 
     async def _register(self, res: ServedResource) -> None:
-        if not res.config.register_when_empty and not res.found.is_set():
+        if not settings_of(res.config).register_when_empty and not res.found.is_set():
             # A node without the hardware shows no `example.com/fpga: 0`: the kubelet hears of the
             # resource once a device is there. Nothing to serve counts as ready meanwhile.
             log.info("%s: no devices found; registering it once one appears (register_when_empty: false)", res.name)
@@ -238,87 +233,3 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
                 log.info("serving %s (added to the configuration)", res.name)
             self._releaser.update(self._resources)
             self._releaser.start()
-
-
-# -- configuration: what the kubelet and the kernel allow -------------------------------------------
-
-KUBELET_MAX_MESSAGE = 4 << 20  # the kubelet's gRPC receive limit, ListAndWatch included
-LIST_AND_WATCH_BUDGET = KUBELET_MAX_MESSAGE * 9 // 10  # a margin for what the estimate leaves out
-MAX_REPLICAS = 65536
-# What UnixServer binds before renaming it into place, ".cdiplug-<hash>-<random>/s" (28 bytes),
-# with a margin: the old ".cdiplug-<pid>-<n>.sock" was 30.
-_TEMP_SOCKET_NAME = len(".cdiplug-4194304-99999999.sock")
-
-
-def _varint_size(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def list_and_watch_size(devices: int, id_length: int, numa_nodes: int = 1) -> int:
-    """An upper bound of the ListAndWatch message for ``devices`` entries with IDs of at most
-    ``id_length`` bytes, each on at most ``numa_nodes`` NUMA nodes (protobuf wire sizes)."""
-    node = 1 + 1 + 1 + 5  # nodes entry: tag, length, NUMANode{ID: tag + varint of up to 2^31}
-    topology = 1 + 1 + numa_nodes * node if numa_nodes else 0
-    device = 1 + _varint_size(id_length) + id_length + 2 + len("Unhealthy") + topology
-    return devices * (1 + _varint_size(device) + device)
-
-
-def list_and_watch_problem(resource: str, options: Any, replicas: int) -> str | None:
-    """Why the devices of ``resource`` cannot fit in one ListAndWatch message, or None.
-
-    An options class that knows its device count says so (:class:`~cdiplug.backend.SizedOptions`:
-    ``device_estimate(resource)`` is ``(devices, longest ID in bytes)``); otherwise one device with
-    a short ID is assumed, so ``replicas`` alone is still checked.
-    """
-    devices, id_length = options.device_estimate(resource) if isinstance(options, SizedOptions) else (1, 1)
-    if replicas > 1:
-        id_length += len("::") + len(str(replicas - 1))
-    size = list_and_watch_size(devices * replicas, id_length)
-    if size <= LIST_AND_WATCH_BUDGET:
-        return None
-    what = f"{devices:,} devices × {replicas:,} replicas" if replicas > 1 else f"{devices:,} devices"
-    return (
-        f"{what} would make a ListAndWatch message of up to {size / (1 << 20):.1f} MiB; "
-        f"the kubelet accepts {KUBELET_MAX_MESSAGE >> 20} MiB (cdiplug allows {LIST_AND_WATCH_BUDGET / (1 << 20):.1f})"
-    )
-
-
-def _problem(rc: ResourceConfig[object]) -> Problem | None:
-    if rc.replicas < 1:
-        return Problem(rc.name, "replicas", f"replicas must be at least 1, got {rc.replicas}")
-    if rc.replicas > MAX_REPLICAS:
-        return Problem(rc.name, "replicas", f"replicas must be at most {MAX_REPLICAS:,}, got {rc.replicas:,}")
-    if not rc.allocate:
-        return Problem(rc.name, "allocate", "allocate must name at least one part")
-    problem = list_and_watch_problem(rc.name, rc.options, rc.replicas)
-    if problem:
-        return Problem(rc.name, "replicas" if rc.replicas > 1 else "options", problem)
-    return None
-
-
-class DevicePluginApi:
-    """``api: device-plugin``: its checks and its front end (:data:`FRONT_END`)."""
-
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
-        for rc in resources:
-            if (problem := _problem(rc)) is not None:
-                yield problem
-
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
-        temp = len(str(world.kubelet_dir).encode()) + 1 + _TEMP_SOCKET_NAME
-        for rc in resources:
-            if temp > MAX_SOCKET_PATH:
-                yield Problem(
-                    rc.name,
-                    "name",
-                    f"the kubelet folder {str(world.kubelet_dir)[:120]!r} is too long for unix sockets in it "
-                    f"({temp} bytes with cdiplug's temporary socket name; at most {MAX_SOCKET_PATH})",
-                )
-            elif (problem := socket_problem(world.kubelet_dir / rc.socket_name)) is not None:
-                yield Problem(rc.name, "name", problem)
-
-    def create(self, parts: FrontEndParts[BackendHost]) -> DevicePluginFrontEnd:
-        return DevicePluginFrontEnd(parts)
-
-
-FRONT_END = DevicePluginApi()

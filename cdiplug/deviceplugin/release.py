@@ -25,7 +25,7 @@ from cdiplug.models.devices import Device
 from cdiplug.toolkit.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from cdiplug.deviceplugin.pod_resources import AllocatedDevices
+    from cdiplug.wire.pod_resources import AllocatedDevices
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ TASK = "release"
 async def list_allocated(socket: Path) -> AllocatedDevices:
     """:func:`.pod_resources.list_allocated`, imported on first use: most nodes never release, and
     the PodResources stubs cost start-up time and memory."""
-    from cdiplug.deviceplugin.pod_resources import list_allocated as list_from_kubelet
+    from cdiplug.wire.pod_resources import list_allocated as list_from_kubelet
 
     return await list_from_kubelet(socket)
 

@@ -11,7 +11,7 @@
   before every ``FromClaim`` entry, each group in the claim's order; a later entry overrides an
   earlier one. An entry naming ``requests`` applies to those requests only (a request named
   ``gpu`` covers its subrequests ``gpu/small``); :meth:`AllocatedClaim.configs_for` gives the
-  entries of one request. What the parameters mean is the backend's business (issue 20).
+  entries of one request. What the parameters mean is the backend's business.
 
 Strict: this is what users send. A claim that is not the one the kubelet named (another UID:
 deleted and created again), is not allocated, or has a field of the wrong shape is an

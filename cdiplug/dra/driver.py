@@ -20,7 +20,6 @@ The boundary: the life of one driver; preparing claims is :mod:`.prepare`'s.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,6 +29,7 @@ from cdiplug.dra import registration, service
 from cdiplug.dra.health import HEARTBEAT, HealthFeed
 from cdiplug.dra.prepare import ClaimPreparer
 from cdiplug.dra.publisher import SlicePublisher
+from cdiplug.dra.settings import driver_of, socket_paths
 from cdiplug.errors import CdiplugError
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.resource import ResourceConfig
@@ -41,23 +41,8 @@ from cdiplug.wire.unixserver import UnixServer
 log = logging.getLogger(__name__)
 
 
-def socket_paths(world: World, driver: str) -> tuple[Path, Path]:
-    """The driver's ``dra.sock`` and its registration socket on this node.
-
-    With ``world.pod_uid`` they are ``<driver>/dra-<uid>.sock`` and ``<driver>-<uid>-reg.sock``:
-    the kubelet (1.33+) keeps every registered socket of a driver and calls whichever is there,
-    so the old and the new pod of a rolling update serve side by side and a pod's stop removes
-    only its own pair.
-    """
-    suffix = f"-{world.pod_uid}" if world.pod_uid else ""
-    return (
-        world.plugins_dir / driver / f"dra{suffix}.sock",
-        world.plugins_registry_dir / f"{driver}{suffix}-reg.sock",
-    )
-
-
 class DraDriver:
-    """Serves one resource as the DRA driver ``resource.dra_driver``."""
+    """Serves one resource as its DRA driver (:func:`~cdiplug.dra.settings.driver_of`)."""
 
     def __init__(
         self,
@@ -71,7 +56,7 @@ class DraDriver:
     ) -> None:
         self.preparer = preparer
         self.resource = resource
-        self.driver = resource.dra_driver
+        self.driver = driver_of(resource)
         self.world = world
         self.publisher = publisher
         self.supervisor = supervisor

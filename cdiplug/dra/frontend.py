@@ -32,24 +32,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdiplug.dra import claimspec, metadata
 from cdiplug.dra.checkpoint import ClaimStore
-from cdiplug.dra.driver import DraDriver, socket_paths
+from cdiplug.dra.driver import DraDriver
 from cdiplug.dra.instances import InstanceLock
 from cdiplug.dra.prepare import BOOT_ID, ClaimPreparer, read_boot_id
 from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.dra.rollback import roll_back_started
+from cdiplug.dra.settings import DraSettings, driver_of
 from cdiplug.errors import CdiplugError
-from cdiplug.frontend import FrontEndBase, FrontEndParts, Problem, changes, socket_problem
+from cdiplug.frontend import FrontEndBase, FrontEndParts, changes
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
 from cdiplug.kube.factory import ClientFactory, default_client
-from cdiplug.models.names import is_dns_subdomain
-from cdiplug.models.resource import ResourceConfig
-from cdiplug.models.world import World
+from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.toolkit.supervisor import SupervisorClosed
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
         except CdiplugError as exc:
             if resources:
                 raise
-            drivers = ", ".join(rc.dra_driver for rc in left)
+            drivers = ", ".join(driver_of(rc) for rc in left)
             log.error(
                 "the checkpoint holds claims of DRA drivers no resource serves now (%s); cannot serve them: %s", drivers, exc
             )
@@ -136,9 +135,12 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
     def _left_behind(self, resources: Sequence[ResourceConfig[Any]]) -> list[ResourceConfig[Any]]:
         """A resource per driver the checkpoint has claims of but no resource serves now (it left
         DRA while the daemon was down, or during a drain): the kubelet must still unprepare them."""
-        served = {rc.dra_driver for rc in resources}
+        served = {driver_of(rc) for rc in resources}
         by_driver = {c.driver: c.resource for c in self.store.all() if c.driver not in served}
-        return [ResourceConfig(name, "", None, api="dra", dra_driver=driver) for driver, name in sorted(by_driver.items())]
+        return [
+            ResourceConfig(name, "", None, api=Api.DRA, settings=DraSettings(dra_driver=driver))
+            for driver, name in sorted(by_driver.items())
+        ]
 
     async def _drain_left_behind(self, rc: ResourceConfig[Any]) -> None:
         drv = self._new_driver(rc)
@@ -146,7 +148,7 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             await drv.start()
             await drv.drain()
         except CdiplugError as exc:
-            log.error("cannot serve DRA driver %s for the unprepares of its claims: %s", rc.dra_driver, exc)
+            log.error("cannot serve DRA driver %s for the unprepares of its claims: %s", driver_of(rc), exc)
             await drv.stop()
             return
         self._keep_draining(drv)
@@ -180,7 +182,7 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
         """Device metadata folders of claims the checkpoint does not know (a crash mid-prepare)."""
         keep = [(c.namespace, c.name) for c in self.store.all()]
         for rc in resources:
-            for path in await asyncio.to_thread(metadata.remove_stale, self.world.plugins_dir, rc.dra_driver, keep):
+            for path in await asyncio.to_thread(metadata.remove_stale, self.world.plugins_dir, driver_of(rc), keep):
                 log.info("removed device metadata %s (its claim is not prepared)", path)
 
     def _new_driver(self, rc: ResourceConfig[Any]) -> DraDriver:
@@ -197,7 +199,7 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             plugins_dir=self.world.plugins_dir,
             instance=self.world.pod_uid or "",
         )
-        publisher = SlicePublisher(self.client(), rc.dra_driver, node, resource=rc.name, recorder=self.recorder)
+        publisher = SlicePublisher(self.client(), driver_of(rc), node, resource=rc.name, recorder=self.recorder)
         return DraDriver(rc, self.world, preparer, publisher, self.supervisor, self.recorder)
 
     async def reload(self, resources: Sequence[ResourceConfig[Any]], recreated: frozenset[str]) -> None:
@@ -210,7 +212,7 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
                 {n: d.resource for n, d in self._drivers.items()},
                 resources,
                 recreated,
-                restart=lambda old, new: old.dra_driver != new.dra_driver,
+                restart=lambda old, new: driver_of(old) != driver_of(new),
             )
             for name in diff.removed:
                 drv = self._drivers.pop(name)
@@ -228,17 +230,17 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
                 current.resource = rc
                 self.host.attach(rc.name, current)  # the latest snapshot again, from a new backend maybe
             for rc in diff.added:
-                if (left := self._draining.pop(rc.dra_driver, None)) is not None:
+                if (left := self._draining.pop(driver_of(rc), None)) is not None:
                     await left.stop()  # the same driver again: the new one unprepares what it prepared
                 drv = self._new_driver(rc)
                 try:
                     await drv.start()
                 except CdiplugError as exc:
-                    log.error("cannot serve %s as DRA driver %s: %s", rc.name, rc.dra_driver, exc, extra={"resource": rc.name})
+                    log.error("cannot serve %s as DRA driver %s: %s", rc.name, driver_of(rc), exc, extra={"resource": rc.name})
                     continue
                 self._drivers[rc.name] = drv
                 self.host.attach(rc.name, drv)
-                log.info("serving %s as DRA driver %s (added to the configuration)", rc.name, rc.dra_driver)
+                log.info("serving %s as DRA driver %s (added to the configuration)", rc.name, driver_of(rc))
 
     async def stop(self) -> None:
         async with self._lock:
@@ -275,39 +277,3 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
         draining = list(self._draining.values())
         self._draining.clear()
         await asyncio.gather(*(drv.stop() for drv in drivers + draining))
-
-
-# -- configuration ---------------------------------------------------------------------------------
-
-
-def dra_driver_problem(driver: str) -> str | None:
-    """Why ``driver`` cannot name a DRA driver (a DNS subdomain of at most 63 characters), or None."""
-    if len(driver) > 63 or not is_dns_subdomain(driver):
-        return f"DRA driver name {driver[:80]!r} must be a DNS subdomain (lower case, digits, '-', '.') of at most 63 characters"
-    return None
-
-
-class DraApi:
-    """``api: dra``: its checks and its front end (:data:`FRONT_END`)."""
-
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
-        seen: dict[str, str] = {}
-        for rc in resources:
-            if (problem := dra_driver_problem(rc.dra_driver)) is not None:
-                yield Problem(rc.name, "dra_driver", problem)
-            elif rc.dra_driver in seen:
-                yield Problem(rc.name, "dra_driver", f"DRA driver {rc.dra_driver!r} is already used by {seen[rc.dra_driver]}")
-            seen.setdefault(rc.dra_driver, rc.name)
-
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
-        for rc in resources:
-            for path in socket_paths(world, rc.dra_driver):
-                if (problem := socket_problem(path)) is not None:
-                    yield Problem(rc.name, "dra_driver", problem)
-                    break
-
-    def create(self, parts: FrontEndParts[BackendHost]) -> DraFrontEnd:
-        return DraFrontEnd(parts)
-
-
-FRONT_END = DraApi()

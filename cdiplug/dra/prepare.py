@@ -74,6 +74,7 @@ from cdiplug.dra.handler import ClaimHandler
 from cdiplug.dra.plan import ClaimPlan, Planner, materialize, no_step, read_claim
 from cdiplug.dra.restore import Restorer
 from cdiplug.dra.rollback import Step, undo
+from cdiplug.dra.settings import driver_of, settings_of
 from cdiplug.errors import DeviceUnavailable, InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
@@ -119,7 +120,7 @@ class ClaimPreparer(ClaimHandler):
     ) -> None:
         self.resource = resource
         self.plugins_dir = plugins_dir  # device metadata (``device_metadata: true``) goes below it
-        self.driver = resource.dra_driver
+        self.driver = driver_of(resource)
         self.node = node
         self.host = host
         self.store = store
@@ -165,7 +166,7 @@ class ClaimPreparer(ClaimHandler):
     def _planner(self) -> Planner:
         """Planned with the resource as configured now (a reload may change it) and its backend's abilities."""
         rc = self.resource
-        metadata_dir = self.plugins_dir if rc.device_metadata else None
+        metadata_dir = self.plugins_dir if settings_of(rc).device_metadata else None
         return Planner(self.driver, rc.name, self.node, self._configurable(), metadata_dir, self.boot_id, self.instance)
 
     # -- prepare --

@@ -178,3 +178,20 @@ def spec_file_name(kind: str) -> str:
     check_kind(kind)
     vendor, _, cls = kind.partition("/")
     return f"cdiplug-{vendor}-{cls}.json"
+
+
+CLAIM_SPEC_PREFIX = "cdiplug-claim-"  # the per-claim specs' file names: ``cdiplug-claim-<claim uid>.json``
+MAX_FILE_NAME = 255  # bytes of one file name (NAME_MAX)
+
+
+def spec_file_problem(kind: str) -> str | None:
+    """Why the per-resource spec of ``kind`` cannot be written (the kind's own problem, a file name
+    kept for per-claim specs, a name too long), or None."""
+    if problem := kind_problem(kind):
+        return problem
+    name = spec_file_name(kind)
+    if name.startswith(CLAIM_SPEC_PREFIX):
+        return f"CDI kind {kind!r} would be written to {name}, a name kept for per-claim specs"
+    if len(name.encode()) > MAX_FILE_NAME:
+        return f"the CDI spec file name for kind {kind[:80]!r} would be longer than {MAX_FILE_NAME} bytes"
+    return None

@@ -12,7 +12,6 @@ from typing import Generic, TypeVar
 
 from attrs import field, frozen
 
-from cdiplug.models.devices import DEFAULT_ALLOCATE, AllocatePart
 from cdiplug.models.names import resource_class, socket_name
 
 O = TypeVar("O")  # noqa: E741 - the options type of one backend
@@ -24,7 +23,7 @@ class Api(str, enum.Enum):
 
     ``ResourceConfig.api`` is a plain string, since any registered front end may be named
     (:mod:`cdiplug.frontend`); the configuration gives these two as members, so ``r.api is Api.DRA``
-    holds, and as ``str`` members they equal their names (``Api.DRA == "dra"``).
+    holds. Compare with the members, never with their strings.
     """
 
     DEVICE_PLUGIN = "device-plugin"
@@ -34,38 +33,30 @@ class Api(str, enum.Enum):
         return self.value
 
 
-def default_dra_driver(resource: str) -> str:
-    """``example.com/fpga`` -> ``fpga.example.com`` (``docs/architecture.md``: ``<class>.<vendor>``)."""
-    vendor, _, cls = resource.partition("/")
-    return f"{cls.lower()}.{vendor}"
-
-
 @frozen
 class ResourceConfig(Generic[O_co]):
-    """One extended resource: its name, the backend serving it and that backend's typed options.
+    """One extended resource: its name, the backend serving it and that backend's typed options,
+    the front end serving it (``api``) and that front end's typed ``settings``.
 
-    ``cdi_kind`` and ``dra_driver`` are filled in by the loader (a backend may choose their
-    defaults); built by hand they default to the resource name and ``<class>.<vendor>``. Which of
-    ``cdi_kind``, ``allocate``, ``replicas`` and ``dra_driver`` a file may set depends on ``api``
-    (:data:`cdiplug.frontend.SETTINGS`); the others keep their defaults.
+    ``settings`` is an instance of the settings class the front end of ``api`` registered
+    (:mod:`cdiplug.frontend`), structured and completed by the loader; built by hand it may be
+    None, and the front end uses its defaults. ``cdi_kind`` (the kind of the spec the host writes)
+    is filled in by the loader (a backend may choose its default); built by hand it defaults to
+    the resource name. ``overlapping_devices`` says whether the front end can offer devices that
+    overlap (partitions drawing on shared counters); a backend offers whole devices only when not.
     """
 
     name: str
     backend: str
     options: O_co = field(eq=True)
     cdi_kind: str = ""
-    allocate: frozenset[AllocatePart] = DEFAULT_ALLOCATE
-    replicas: int = 1
     api: str = Api.DEVICE_PLUGIN  # the name of a registered front end
-    dra_driver: str = ""
-    device_metadata: bool = False  # DRA: write KEP-5304 device metadata files (cdiplug.dra.metadata)
-    register_when_empty: bool = False  # device plugin: register even while no device is found
+    settings: object = None  # that front end's settings (None: its defaults)
+    overlapping_devices: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.cdi_kind:
             object.__setattr__(self, "cdi_kind", self.name)
-        if not self.dra_driver:
-            object.__setattr__(self, "dra_driver", default_dra_driver(self.name))
 
     @property
     def socket_name(self) -> str:
@@ -74,6 +65,3 @@ class ResourceConfig(Generic[O_co]):
     @property
     def class_name(self) -> str:
         return resource_class(self.name)
-
-    def sends(self, part: AllocatePart) -> bool:
-        return part in self.allocate

@@ -10,6 +10,9 @@
   await what it reports.
 - :func:`running_daemon` (``cdiplug.testing.daemon``): the daemon of ``cdiplug serve`` in the
   caller's event loop until a block ends.
+- :func:`daemon_process` (``cdiplug.testing.process``): a real ``python -m cdiplug serve`` process
+  with its JSON log read as it comes.
+- :func:`eventually` (``cdiplug.testing.poll``): poll, with a bound, what has no event to await.
 
 Names are imported on first use, so using one fake does not import the others' dependencies.
 Fakes of what one backend talks to ship with that backend: ``cdiplug_backends.pci.testing``
@@ -28,6 +31,8 @@ _EXPORTS = {
     "RecordingSink": "sink",
     "PodResourcesStandIn": "pod_resources",
     "running_daemon": "daemon",
+    "daemon_process": "process",
+    "eventually": "poll",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,1 +1,2 @@
-"""The gRPC edge shared by both front ends: unix-socket servers and lenient request decoding."""
+"""The gRPC edges shared by the front ends: unix-socket servers, lenient request decoding, the
+kubelet's PodResources client."""

@@ -126,7 +126,7 @@ def test_bench_daemon_reports_every_figure_beside_the_floor() -> None:
         "rss_growth_after_health_changes_mib",
         "rss_after_random_sets_mib",
     ):
-        assert figures[name]["goal"], name  # the goals of issues #13 and #18 are stated beside the figures
+        assert figures[name]["goal"], name  # the goals are stated beside the figures
     rss = figures["rss_idle_mib"]
     assert math.isclose(rss["over_floor"], rss["cdiplug"] - rss["floor"], abs_tol=0.11)  # each rounded to 0.1
     assert figures["rss_growth_after_allocates_mib"]["allocates"] == 100
@@ -164,7 +164,7 @@ def test_bench_breakdown_splits_the_start_gap_into_its_parts() -> None:
     result = run_bench("bench_breakdown.py", "--starts", "1", "--runs", "1")
     figures = result["figures"]
     check_figure("start_registered_s", figures["start_registered_s"], floor=True)
-    assert figures["start_registered_s"]["goal"] == "<= 1.7x floor"  # issue #18
+    assert figures["start_registered_s"]["goal"] == "<= 1.7x floor"
     for name, fig in figures.items():
         if name != "start_registered_s":
             check_figure(name, fig, floor=False)

@@ -42,7 +42,7 @@ def test_built_in_default():
     config = load_config(None)
     assert config.source == "<built-in default>"
     [r] = config.resources
-    assert (r.name, r.backend, r.cdi_kind, r.allocate, r.replicas) == (
+    assert (r.name, r.backend, r.cdi_kind, r.settings.allocate, r.settings.replicas) == (
         "example.com/fpga",
         "fake",
         "example.com/fpga",
@@ -71,11 +71,16 @@ resources:
     config = load_config(path)
     assert config.source == str(path)
     fpga, nic = config.resources
-    assert (fpga.options.count, fpga.cdi_kind, fpga.allocate, fpga.replicas) == (2, "example.com/fpga", DEFAULT_ALLOCATE, 1)
-    assert AllocatePart.CDI_ANNOTATIONS not in fpga.allocate and fpga.sends(AllocatePart.ENVVAR)
+    assert (fpga.options.count, fpga.cdi_kind, fpga.settings.allocate, fpga.settings.replicas) == (
+        2,
+        "example.com/fpga",
+        DEFAULT_ALLOCATE,
+        1,
+    )
+    assert AllocatePart.CDI_ANNOTATIONS not in fpga.settings.allocate and fpga.settings.sends(AllocatePart.ENVVAR)
     assert (nic.options.count, nic.options.numa_nodes, nic.options.health_file) == (4, (0, 1), Path("/run/h.yaml"))
-    assert (nic.cdi_kind, nic.replicas) == ("vendor.io/nic", 3)
-    assert nic.allocate == {AllocatePart.CDI_CRI, AllocatePart.CDI_ANNOTATIONS}
+    assert (nic.cdi_kind, nic.settings.replicas) == ("vendor.io/nic", 3)
+    assert nic.settings.allocate == {AllocatePart.CDI_CRI, AllocatePart.CDI_ANNOTATIONS}
     assert nic.socket_name == "example.com-nic.sock"
     assert config.by_name()["example.com/nic"] is nic
     assert group_by_backend(config.resources) == {"fake": (fpga, nic)}
@@ -105,7 +110,7 @@ ERRORS = [
     ("resources:\n  - {name: 5, backend: fake}\n", "expected a string, got int 5", "$.resources[0].name"),
     (
         "resources:\n" + R + "    replica: 2\n",
-        "unknown key 'replica' (allowed: name, backend, options, cdi_kind, allocate, replicas, api, dra_driver, device_metadata, register_when_empty)",
+        "unknown key 'replica' (allowed: name, backend, options, api, cdi_kind, allocate, replicas, register_when_empty)",
         "$.resources[0]",
     ),
     (
@@ -263,7 +268,7 @@ def test_built_in_default_mapping_says_what_the_yaml_says():
 
 def test_default_serve_path_imports_nothing_it_does_not_need():
     """`cdiplug serve` without --config: no YAML, no JSON, no metrics, no DRA, no hardware
-    libraries, no CDI spec building before Register (start-up time and memory, issue #13)."""
+    libraries, no CDI spec building before Register (start-up time and memory)."""
     code = (
         "import sys, cdiplug.cli.serve, cdiplug.daemon; from cdiplug.config import load_config; load_config(None);"
         "heavy = ('yaml', 'json', 'prometheus_client', 'lightkube', 'pyroute2', 'pyudev', 'pynvml', 'cdiplug.dra',"

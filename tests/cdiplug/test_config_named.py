@@ -33,7 +33,7 @@ def test_the_flat_file_stays_one_configuration() -> None:
     )  # a label on a flat file: nothing to choose
     assert (config.name, config.names, config.node_labels) == (None, (), False)
     assert parse_config({"resources": [FPGA], "node_labels": True}).node_labels
-    assert not config.resources[0].register_when_empty
+    assert not config.resources[0].settings.register_when_empty
 
 
 def test_the_label_chooses_default_otherwise() -> None:
@@ -48,7 +48,7 @@ def test_the_label_chooses_default_otherwise() -> None:
     default = parse_config(data, "fleet.yaml")
     assert (default.name, default.names, default.node_labels) == ("default", ("default", "fast-fpga", "quiet"), True)
     fast = parse_config(data, "fleet.yaml", configuration="fast-fpga")
-    assert fast.name == "fast-fpga" and fast.resources[0].register_when_empty
+    assert fast.name == "fast-fpga" and fast.resources[0].settings.register_when_empty
     assert not parse_config(data, "fleet.yaml", configuration="quiet").node_labels  # its own setting wins
 
 

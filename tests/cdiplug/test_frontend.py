@@ -1,12 +1,17 @@
-"""The front-end seam (cdiplug.frontend): a front end of the test's own, registered under its own
-``api``, served by the real daemon; the registry; the configuration checks per api; the reload diff.
+"""The front-end seam (cdiplug.frontend): a third front end of the test's own, registered under
+its own ``api``, served by the real daemon; the registry; the configuration checks per api; the
+reload diff.
 
 The test's front end (``Echo``, below) touches only its own code and the registry: it is
-registered by :func:`cdiplug.frontend.register`, named by ``api: echo`` in a real YAML file, and
-the in-process :class:`~cdiplug.daemon.Daemon` (real configuration loading, real backend host
-with the fake backend, real device-plugin front end over real gRPC to the kubelet stand-in) starts
-it, reloads it on a changed file and stops it, while it receives the host's snapshots. A resource
-moved between the device plugin and it keeps getting its snapshots whichever way it moves.
+registered by :func:`cdiplug.frontend.register` with settings of its own (``voice``, its default
+settled from the resource; ``replicas``, a name the device plugin reads too), named by
+``api: echo`` in a real YAML file, and the in-process :class:`~cdiplug.daemon.Daemon` (real
+configuration loading, real backend host with the fake backend, real device-plugin front end over
+real gRPC to the kubelet stand-in) starts it, reloads it on a changed file and stops it, while it
+receives the host's snapshots. A resource moved between the device plugin and it keeps getting
+its snapshots whichever way it moves, and moved from it to the device plugin is handed over: the
+devices its listeners still hold are advertised Unhealthy until they let go, at a reload and at
+a start.
 """
 
 from __future__ import annotations
@@ -17,18 +22,20 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 
 from cdiplug import frontend
 from cdiplug.config import check_against, load_config, parse_config
 from cdiplug.daemon import Daemon
+from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import ConfigError
-from cdiplug.frontend import FrontEndParts, Problem, changes
-from cdiplug.models.devices import DeviceSnapshot, Health
+from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, Problem, changes
+from cdiplug.models.devices import DeviceSnapshot, Health, HealthCause
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, PodResourcesStandIn
 
 FPGA, NIC = "example.com/fpga", "example.com/nic"
 
@@ -84,29 +91,62 @@ class Echo:
             await asyncio.wait_for(self.changed.wait(), 10)
 
 
-class EchoApi:
-    """``api: echo``: replicas up to 3 (to show a check of its own), sockets shorter than 50 bytes."""
+@attrs.frozen
+class EchoSettings:
+    """Echo's own settings: ``voice`` (default: the resource's class name), ``replicas`` (at most 3)."""
+
+    voice: str = ""
+    replicas: int = 1
+
+
+LISTENING = HealthCause("echo-listener")
+
+
+class EchoApi(FrontEndTypeBase):
+    """``api: echo``: replicas up to 3 (to show a check of its own), sockets shorter than 50 bytes;
+    its listeners (``held``: resource -> devices, set by the test) take part in a handover."""
+
+    settings = EchoSettings
+    hold_cause = LISTENING
+
+    def __init__(self) -> None:
+        self.held: dict[str, frozenset[str]] = {}
+        self.asked: list[tuple[tuple[str, ...], bool]] = []
+
+    def settle(self, settings: EchoSettings, resource: str, plugin: Any) -> EchoSettings:
+        return settings if settings.voice else attrs.evolve(settings, voice=resource.partition("/")[2])
 
     def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
         for r in resources:
-            if r.replicas > 3:
-                yield Problem(r.name, "replicas", f"echo repeats at most 3 times, got {r.replicas}")
+            assert isinstance(r.settings, EchoSettings)
+            if r.settings.replicas > 3:
+                yield Problem(r.name, "replicas", f"echo repeats at most 3 times, got {r.settings.replicas}")
 
     def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
         for r in resources:
             if len(str(world.kubelet_dir / r.socket_name)) > 50:
                 yield Problem(r.name, "name", "too long for echo")
 
+    async def holding(
+        self, resources: Sequence[ResourceConfig[object]], world: World, latest: Latest, *, at_start: bool
+    ) -> dict[str, frozenset[str] | None]:
+        self.asked.append((tuple(r.name for r in resources), at_start))
+        return {r.name: self.held.get(r.name, frozenset()) for r in resources}
+
+    def consumers(self, resource: ResourceConfig[object]) -> str:
+        return "echo listeners"
+
     def create(self, parts: FrontEndParts[Any]) -> Echo:
         return Echo(parts)
 
 
 @pytest.fixture
-def echo() -> Iterator[None]:
+def echo() -> Iterator[EchoApi]:
     Echo.made.clear()
-    frontend.register("echo", EchoApi(), settings=("replicas",))
+    api = EchoApi()
+    frontend.register("echo", api)
     try:
-        yield
+        yield api
     finally:
         frontend.unregister("echo")
 
@@ -143,7 +183,7 @@ async def test_the_daemon_serves_a_front_end_registered_by_a_test(world: World, 
         [echo] = Echo.made
         assert echo.calls == [("start", (FPGA,))]
         await echo.wait_devices(FPGA, 2)  # the host's snapshots reach it
-        assert d.node.config.resources[0].replicas == 2  # a setting it registered
+        assert d.node.config.resources[0].settings == EchoSettings(voice="fpga", replicas=2)  # its own, settled
 
         write(path, fake(FPGA, 3, "echo"), fake(NIC, 1, "echo"))
         assert await d.reload()
@@ -170,7 +210,11 @@ async def test_a_resource_moving_between_front_ends_keeps_its_snapshots(world: W
         ]
 
     path = write(short_tmp / "c.yaml", *resources(None, "echo"))
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, running(path, world) as d:
+    async with (
+        KubeletStandIn(world.kubelet_dir) as kubelet,
+        PodResourcesStandIn(world.pod_resources_socket),  # no pod holds a device: nothing to hand over
+        running(path, world) as d,
+    ):
         await kubelet.wait_registered(FPGA, timeout=10)
         await kubelet.wait_until(lambda: len(kubelet.devices(FPGA)) == 2, 10)
         [echo] = Echo.made
@@ -190,6 +234,44 @@ async def test_a_resource_moving_between_front_ends_keeps_its_snapshots(world: W
             what="the NIC's health, through the device plugin now",
         )
         assert NIC not in echo.devices and not (world.kubelet_dir / "example.com-fpga.sock").exists()
+
+
+async def test_a_resource_leaving_the_third_front_end_is_handed_over_at_a_reload_and_at_a_start(
+    echo: EchoApi, world: World, short_tmp: Path
+) -> None:
+    """Through the node's handover, asking echo (and nothing else) what its listeners hold."""
+    path = write(short_tmp / "c.yaml", fake(FPGA, 2, "echo", voice="hi"))
+
+    def health(kubelet: KubeletStandIn) -> dict[str, Health]:
+        return {dev.id: dev.health for dev in kubelet.devices(FPGA)}
+
+    async with KubeletStandIn(world.kubelet_dir) as kubelet:
+        async with running(path, world) as d:
+            assert d.node is not None
+            d.node.handover.interval = 0.05
+            await Echo.made[0].wait_devices(FPGA, 2)
+            echo.held[FPGA] = frozenset({"fpga-1"})  # a listener of echo still uses fpga-1
+
+            write(path, fake(FPGA, 2))
+            assert await d.reload()
+            assert d.node.handover.moving == [FPGA] and d.node.handover.target(FPGA) == "device-plugin"
+            await kubelet.wait_registered(FPGA, timeout=10)
+            await kubelet.wait_until(
+                lambda: health(kubelet) == {"fpga-0": Health.HEALTHY, "fpga-1": Health.UNHEALTHY}, 10, what="fpga-1 held"
+            )
+            echo.held.clear()  # the listener let go
+            await kubelet.wait_until(lambda: set(health(kubelet).values()) == {Health.HEALTHY}, 10, what="both served")
+            assert d.node.handover.moving == []
+
+        # A start with the device plugin while echo's listeners hold fpga-0 (a rolled DaemonSet).
+        echo.held[FPGA] = frozenset({"fpga-0"})
+        echo.asked.clear()
+        async with running(path, world) as d:
+            assert d.node is not None and d.node.handover.moving == [FPGA]
+            assert echo.asked[0] == ((FPGA,), True)
+            await kubelet.wait_until(
+                lambda: health(kubelet) == {"fpga-0": Health.UNHEALTHY, "fpga-1": Health.HEALTHY}, 10, what="fpga-0 held"
+            )
 
 
 # -- configuration ----------------------------------------------------------------------------------
@@ -243,7 +325,7 @@ def test_each_api_checks_its_own_settings(resource: dict[str, Any], message: str
 
 def test_device_metadata_is_off_unless_a_dra_resource_asks() -> None:
     config = parse_config({"resources": [fake(FPGA, 1, "dra", device_metadata=True), fake(NIC, 1, "dra")]}, "c.yaml")
-    assert [r.device_metadata for r in config.resources] == [True, False]
+    assert [r.settings.device_metadata for r in config.resources] == [True, False]
 
 
 def test_two_resources_cannot_share_a_dra_driver() -> None:
@@ -261,15 +343,23 @@ def test_files_valid_before_keep_loading(tmp_path: Path) -> None:
         fake("example.com/dongle", 1),
     )
     fpga, nic, dongle = load_config(path).resources
-    assert fpga.api is Api.DRA and fpga.api == "dra" and fpga.dra_driver == "fpga.example.com" and fpga.replicas == 1
-    assert nic.api is Api.DEVICE_PLUGIN and (nic.replicas, nic.cdi_kind) == (3, "vendor.io/nic")
-    assert dongle.api is Api.DEVICE_PLUGIN and dongle.dra_driver == "dongle.example.com"
+    assert fpga.api is Api.DRA and fpga.settings == DraSettings(dra_driver="fpga.example.com")
+    assert nic.api is Api.DEVICE_PLUGIN and (nic.settings.replicas, nic.cdi_kind) == (3, "vendor.io/nic")
+    assert dongle.api is Api.DEVICE_PLUGIN and dongle.settings.replicas == 1 and fpga.overlapping_devices
+    assert not nic.overlapping_devices
 
 
 @pytest.mark.usefixtures("echo")
 def test_a_registered_api_is_accepted_and_checked() -> None:
-    config = parse_config({"resources": [fake(FPGA, 1, "echo", replicas=3)]}, "c.yaml")
-    assert config.resources[0].api == "echo" and config.resources[0].replicas == 3
+    config = parse_config({"resources": [fake(FPGA, 1, "echo", replicas=3, voice="hi")]}, "c.yaml")
+    assert config.resources[0].api == "echo" and config.resources[0].settings == EchoSettings("hi", 3)
+    assert (
+        error({"resources": [fake(FPGA, 1, "dra", voice="hi")]}).message == "voice is a echo setting; this resource has api: dra"
+    )
+    assert error({"resources": [fake(FPGA, 1, "echo", voice=5)]}).message == "expected a string, got int 5"
+    assert str(error({"resources": [fake(FPGA, 1, "echo", voce=5)]})) == (
+        "unknown key 'voce' (allowed: name, backend, options, api, voice, replicas) @ $.resources[0] (in c.yaml)"
+    )
     # A setting two front ends read names both; one only a third reads, that one.
     assert error({"resources": [fake(FPGA, 1, "dra", replicas=2)]}).message == (
         "replicas is a device-plugin or echo setting; this resource has api: dra"
@@ -295,8 +385,14 @@ def test_the_node_checks_of_every_api_run_against_the_node(short_tmp: Path) -> N
 def test_the_registry_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(ValueError, match="already registered"):
         frontend.register("dra", EchoApi())
-    with pytest.raises(ValueError, match=r"unknown settings \['count'\]"):
-        frontend.register("mine", EchoApi(), settings=("count",))
+
+    class Clashing(EchoApi):
+        settings = attrs.frozen(type("Clashing", (), {"__annotations__": {"name": "str"}, "name": ""}))
+
+    with pytest.raises(ValueError, match=r"name keys every resource has: \['name'\]"):
+        frontend.register("mine", Clashing())
+    with pytest.raises(ValueError, match="not an attrs class"):
+        frontend.register("mine", type("Plain", (EchoApi,), {"settings": dict})())
     with pytest.raises(ValueError, match="not 'module:attribute'"):
         frontend.register("mine", "cdiplug.nothing")
     assert "mine" not in frontend.registered()
@@ -313,14 +409,14 @@ def test_the_registry_refuses_what_it_cannot_serve() -> None:
 
 
 def rc(name: str, count: int = 1, driver: str = "") -> ResourceConfig[object]:
-    return ResourceConfig(name, "fake", count, dra_driver=driver)
+    return ResourceConfig(name, "fake", count, api=Api.DRA, settings=DraSettings(dra_driver=driver))
 
 
 def test_changes_say_what_to_stop_start_and_update() -> None:
     a, b, c, d = "ab.io/a", "ab.io/b", "ab.io/c", "ab.io/d"
     running = {a: rc(a), b: rc(b), c: rc(c), d: rc(d, driver="d.ab.io")}
     new = [rc(d, driver="e.ab.io"), rc(b, 2), rc(c), rc("ab.io/e")]
-    diff = changes(running, new, frozenset({c}), restart=lambda old, new: old.dra_driver != new.dra_driver)
+    diff = changes(running, new, frozenset({c}), restart=lambda old, new: old.settings != new.settings)
     assert diff.removed == (a, d)  # gone, and to start afresh
     assert [r.name for r in diff.added] == [d, "ab.io/e"]  # in the new configuration's order
     assert [r.name for r in diff.changed] == [b, c]  # new options; a new backend
@@ -329,7 +425,8 @@ def test_changes_say_what_to_stop_start_and_update() -> None:
 
 
 def test_every_setting_belongs_to_a_built_in_front_end() -> None:
-    assert {s: frontend.owners(s) for s in frontend.SETTINGS} == {
+    settings = ("cdi_kind", "allocate", "replicas", "dra_driver", "device_metadata", "register_when_empty")
+    assert {s: frontend.owners(s) for s in settings} == {
         "cdi_kind": ["device-plugin"],
         "allocate": ["device-plugin"],
         "replicas": ["device-plugin"],

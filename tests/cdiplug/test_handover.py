@@ -1,6 +1,6 @@
-"""The handover (cdiplug.handover) on its own: a resource handed to DRA while the kubelet's
-PodResources does not answer and before its backend has reported holds every device until the
-kubelet answers, instead of being declared done with nothing held.
+"""The handover (cdiplug.handover) on its own: a resource handed from the device plugin to DRA
+while the kubelet's PodResources does not answer (no socket) and before its backend has reported
+holds every device until the kubelet answers, instead of being declared done with nothing held.
 
 In-test backend and listener (as tests/cdiplug/host); tests/integration/test_handover.py runs the
 handover in the node against the kubelet, DRA kubelet and PodResources stand-ins.
@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import attrs
+
 from cdiplug.backend import BackendPlugin
-from cdiplug.deviceplugin.pod_resources import AllocatedDevices
-from cdiplug.errors import KubeletError
-from cdiplug.handover import HELD, Handover
+from cdiplug.deviceplugin.settings import HELD
+from cdiplug.handover import Handover, Move
 from cdiplug.host import BackendHost
+from cdiplug.models.resource import Api
 from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import Supervisor
 
@@ -26,14 +28,13 @@ async def test_a_kubelet_silent_before_the_backend_reports_keeps_every_device_he
     Backend.created = []
     supervisor = Supervisor()
     host = BackendHost(world, supervisor, plugins={"test": BackendPlugin("test", Options, Backend)})
-    host.create([rc("example.com/a", count=2)])  # recreated by the same reload: nothing reported yet
+    resource = rc("example.com/a", count=2)
+    host.create([resource])  # recreated by the same reload: nothing reported yet
+    silent = attrs.evolve(world, pod_resources_socket=tmp_path / "kubelet.sock")  # nothing serves it
 
-    async def silent(socket: Path) -> AllocatedDevices:
-        raise KubeletError(f"{socket}: no answer")
-
-    handover = Handover(host, tmp_path / "kubelet.sock", supervisor, "node-a", interval=3600, lister=silent)
+    handover = Handover(host, silent, supervisor, interval=3600)
     try:
-        await handover.begin(["example.com/a"])
+        await handover.begin([Move(resource, Api.DRA)])
         assert handover.moving == ["example.com/a"]  # not done: which devices pods hold is not known
         listener = Listener()
         host.attach("example.com/a", listener)

@@ -1,4 +1,4 @@
-"""Shared pieces of the chaos suite (issue #12, item 7): a real ``python -m cdiplug serve`` process,
+"""Shared pieces of the chaos suite: a real ``python -m cdiplug serve`` process,
 checks on its log, and the figures the suite reports.
 
 Every test here is marked ``chaos`` and states its bound; the whole suite stays under 5 minutes on
@@ -9,13 +9,9 @@ printed at the end of the run and, when ``CDIPLUG_CHAOS_FIGURES`` names a file, 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
-import signal
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +42,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def figure(key: str, value: Any) -> None:
-    """Record one figure for the summary (the closing note of issue #12 quotes them)."""
+    """Record one figure for the summary."""
     FIGURES[key] = value
 
 
@@ -74,97 +70,6 @@ def proc_figures(pid: int) -> dict[str, int]:
 
 SCALE = max(1, int(os.environ.get("CDIPLUG_CHAOS_SCALE", "1")))
 """Multiplies every cycle count: 1 in CI (the bounded run), more for the figures of a long run."""
-
-
-class DaemonProcess:
-    """A real daemon: ``python -m cdiplug serve`` with JSON logs read as they come (and kept in a file)."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path, config: Path) -> None:
-        self.proc = proc
-        self.log = log
-        self.config = config
-        self.entries: list[dict[str, Any]] = []
-        self._changed = asyncio.Condition()
-        self._reader = asyncio.create_task(self._read(), name=f"daemon {proc.pid} log")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.log.open("ab") as out:
-            async for line in self.proc.stdout:
-                out.write(line)
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    entry = {"level": "RAW", "message": line.decode(errors="replace")}
-                async with self._changed:
-                    self.entries.append(entry)
-                    self._changed.notify_all()
-        async with self._changed:
-            self._changed.notify_all()
-
-    def count(self, text: str) -> int:
-        return sum(text in e.get("message", "") for e in self.entries)
-
-    def reloads(self) -> int:
-        """Reloads finished, applied or refused (one outcome line each)."""
-        return sum(self.count(t) for t in ("configuration reloaded", "configuration not reloaded", "configuration not applied"))
-
-    async def wait_for(self, text: str, count: int = 1, timeout: float = 20.0) -> None:
-        """Until ``count`` log lines hold ``text`` (woken by each new line, never by a timer)."""
-        await self.wait_until(lambda: self.count(text) >= count, timeout, repr(text))
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-        """Until ``predicate()`` holds, re-checked at each new log line."""
-        async with asyncio.timeout(timeout), self._changed:
-            while not predicate():
-                if self._reader.done():
-                    raise AssertionError(f"the daemon ended; waiting for {what}; log:\n{self.tail()}")
-                await self._changed.wait()
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def check_log(self, *sources: str) -> None:
-        """No traceback anywhere; every ERROR line names one of ``sources`` (a file, a resource)."""
-        text = self.log.read_text(errors="replace")
-        assert "Traceback" not in text, text[-3000:]
-        for entry in self.entries:
-            assert entry.get("level") != "RAW", f"a line that is not JSON: {entry['message'][:300]}"
-            if entry.get("level") in ("ERROR", "CRITICAL"):
-                message = entry.get("message", "")
-                assert any(s in message for s in sources), f"an error naming none of {sources}: {message[:300]}"
-                assert len(message) < 2000, message[:300]
-
-    async def stop(self) -> int:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.proc.wait(), 20)
-        await self._reader
-        return code
-
-    async def kill(self) -> None:
-        self.proc.kill()
-        await self.proc.wait()
-        await self._reader
-
-
-@contextlib.asynccontextmanager
-async def daemon_process(world: World, config: Path, *extra: str) -> AsyncIterator[DaemonProcess]:
-    log = config.with_name("daemon.log")
-    args = [sys.executable, "-m", "cdiplug", "serve", "--config", str(config), "--kubelet-dir", str(world.kubelet_dir)]
-    args += ["--cdi-dir", str(world.cdi_dir), "--state-dir", str(world.state_dir), "--log-format", "json", *extra]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
-    daemon = DaemonProcess(proc, log, config)
-    try:
-        yield daemon
-    finally:
-        if proc.returncode is None:
-            await daemon.kill()
 
 
 @pytest.fixture

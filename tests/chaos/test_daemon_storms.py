@@ -24,8 +24,9 @@ import pytest
 from cdiplug.cdi.spec import from_json
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.process import daemon_process
 
-from .conftest import SCALE, daemon_process, figure, proc_figures, write_config
+from .conftest import SCALE, figure, proc_figures, write_config
 
 FPGA, NIC = "example.com/fpga", "example.com/nic"
 
@@ -165,7 +166,7 @@ async def test_sighup_storm_alternating_good_and_broken_configs_while_allocating
 
 
 async def test_allocates_under_load(chaos_world: World, short_tmp: Path) -> None:
-    """Bound: 4,000 Allocates from 16 concurrent callers (the issue's 20,000 at CDIPLUG_CHAOS_SCALE=5)."""
+    """Bound: 4,000 Allocates from 16 concurrent callers (20,000 at CDIPLUG_CHAOS_SCALE=5)."""
     world = chaos_world
     config = write_config(short_tmp / "config.yaml", {FPGA: 16})
     callers, each = 16, 250 * SCALE

@@ -40,7 +40,7 @@ from .conftest import figure
 DRIVER = "faults.example.com"
 NODE = "n1"
 BACKOFF = (0.2, 2.0)
-OUTAGE = 3.0  # seconds; the 30 s behaves the same with the default backoff, only slower
+OUTAGE = 3.0  # seconds; 30 s behaves the same with the default backoff, only slower
 
 
 def snapshot(unhealthy: int | None = None, count: int = 3) -> DeviceSnapshot:

@@ -26,8 +26,9 @@ import yaml
 from cdiplug.models.world import World
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
 from cdiplug.testing.dra_kubelet import ClaimRef
+from cdiplug.testing.process import daemon_process
 
-from .conftest import daemon_process, figure
+from .conftest import figure
 
 DRIVER = "fpga.example.com"
 NODE = "node-k"

@@ -23,8 +23,9 @@ import yaml
 from cdiplug.models.world import World
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
 from cdiplug.testing.dra_kubelet import ClaimRef, DraPluginConnection
+from cdiplug.testing.process import daemon_process
 
-from .conftest import daemon_process, figure, proc_figures
+from .conftest import figure, proc_figures
 
 DRIVER = "fpga.example.com"
 NODE = "node-l"

@@ -14,7 +14,7 @@ the DRA kubelet stand-in (real gRPC) and the API-server stand-in (HTTP, lightkub
   (no spec, no record, no device prepared): it was never answered, so the kubelet's next
   prepare, if any, is a fresh one.
 
-:data:`OUTAGE` is 3 s, not the issue's 30 s: the daemon's backoff (0.5 s doubling to 30 s, jittered)
+:data:`OUTAGE` is 3 s, not 30 s: the daemon's backoff (0.5 s doubling to 30 s, jittered)
 takes the same path, only its last delay is longer. Bound: ~15 s in all.
 """
 

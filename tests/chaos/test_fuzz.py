@@ -27,6 +27,7 @@ from cdiplug.backend import Abilities
 from cdiplug.config import load_config
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.server import MAX_DETAILS, ResourceServer
+from cdiplug.deviceplugin.settings import DevicePluginSettings
 from cdiplug.errors import ConfigError, InputError
 from cdiplug.models.devices import MAX_NUMA_NODE, Device, DeviceSnapshot
 from cdiplug.models.resource import ResourceConfig
@@ -195,7 +196,7 @@ def grpc_target() -> Iterator[str]:
     """A real ResourceServer with the real Allocator, on its own loop in a thread."""
     folder = Path(tempfile.mkdtemp(prefix="cdp-g-"))
     loop = asyncio.new_event_loop()
-    config = ResourceConfig(name="example.com/fpga", backend="fake", options=None, replicas=2)
+    config = ResourceConfig(name="example.com/fpga", backend="fake", options=None, settings=DevicePluginSettings(replicas=2))
     allocator = Allocator(config, Abilities())
     allocator.update(DeviceSnapshot("example.com/fpga", [Device(f"fpga-{i}", numa_nodes=(i % 2,)) for i in range(4)]))
     server = ResourceServer("example.com/fpga", "fpga.sock", folder, allocator)

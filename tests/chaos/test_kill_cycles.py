@@ -22,12 +22,13 @@ from pathlib import Path
 
 from cdiplug.cdi.spec import from_json
 from cdiplug.models.world import World
+from cdiplug.testing.process import daemon_process
 from cdiplug_backends.pci.journal import Journal
 from cdiplug_backends.pci.sysfs import PciSysfs
 from cdiplug_backends.pci.testing import FakeSysfsKernel, SysfsTree
 from cdiplug_backends.pci.vfio import VfioBinder
 
-from .conftest import SCALE, daemon_process, figure, write_config
+from .conftest import SCALE, figure, write_config
 
 FPGA = "example.com/fpga"
 

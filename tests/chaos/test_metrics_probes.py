@@ -1,4 +1,4 @@
-"""The kubelet's probes under a slow-client attack on the metrics address (issue #17, item 1).
+"""The kubelet's probes under a slow-client attack on the metrics address.
 
 A real daemon process (``python -m cdiplug serve --metrics-address 127.0.0.1:0``, registered with
 the kubelet stand-in, so /readyz is 200) gets 200 clients on loopback for 60 s: 100 silent, 100
@@ -23,8 +23,9 @@ from pathlib import Path
 
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.process import daemon_process
 
-from .conftest import daemon_process, figure, proc_figures, write_config
+from .conftest import figure, proc_figures, write_config
 
 FPGA = "example.com/fpga"
 ATTACK = 60.0

@@ -1,4 +1,4 @@
-"""The plugin socket raced by a local user (issue #17, item 2): never reachable before it is 0600.
+"""The plugin socket raced by a local user: never reachable before it is 0600.
 
 The daemon's socket server (:class:`cdiplug.wire.unixserver.UnixServer`, real grpc on a real unix
 socket) starts and stops 50 times under umask 000 in a folder anybody may traverse (0755, and 0777

@@ -7,7 +7,7 @@ some in bursts; after each, the spec must be back byte for byte without an Alloc
 moved aside, no temporary file left. Bound: 60 tamperings, ~10 s.
 
 Clients: a real daemon process with ``--metrics-address 127.0.0.1:0`` gets 80 silent connections
-(issue #17 changed the bounds: 256 may wait, 2 s each), a slow-loris client, huge headers and junk;
+(256 may wait, 2 s each), a slow-loris client, huge headers and junk;
 they are dropped after the 2 s deadline for a request's head; afterwards /healthz is 200, the
 process alive, its open files back where they were. Bound: ~15 s.
 """
@@ -30,9 +30,10 @@ import yaml
 from cdiplug.daemon import Daemon
 from cdiplug.models.world import World
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.process import daemon_process
 from cdiplug.toolkit.filewatch import FolderWatch
 
-from .conftest import SCALE, daemon_process, figure, proc_figures, write_config
+from .conftest import SCALE, figure, proc_figures, write_config
 
 FPGA = "example.com/fpga"
 SPEC = "cdiplug-example.com-fpga.json"

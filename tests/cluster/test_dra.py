@@ -3,7 +3,7 @@ driver ``fpga.example.com`` (and a dongle as a device plugin from the same proce
 with the real kubelet, scheduler, resourceclaim controller and containerd (CDI) of
 ``hack/local-cluster.sh``.
 
-Covers the issue's cluster tests: the ResourceSlice with the right devices and typed attributes;
+Covers: the ResourceSlice with the right devices and typed attributes;
 a pod with a ResourceClaimTemplate runs with its device's env from the per-claim CDI spec, a
 second pod gets the other device, a third waits Pending; deleting a pod unprepares it (spec gone,
 the device goes to the pending pod); restarting cdiplug while pods run keeps them and the next pod

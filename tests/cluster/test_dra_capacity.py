@@ -2,7 +2,7 @@
 ``deploy/examples/dra/cdiplug-config.yaml`` (fake FPGAs, shared 80Gi GPUs, a partitioned tile),
 the real kubelet, scheduler, resourceclaim controller and containerd of ``hack/local-cluster.sh``.
 
-Covers the issue's cluster tests, each applying its example of ``deploy/examples/dra`` as shipped
+Covers, each applying its example of ``deploy/examples/dra`` as shipped
 (moved into a test namespace, the pods made to stop at once):
 
 - ``capacity.yaml``: three claims of 30Gi on one 80Gi device (gpu-0): two run, each seeing

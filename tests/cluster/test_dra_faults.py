@@ -1,4 +1,4 @@
-"""DRA under faults on the real one-node cluster (the subset of issue 23 that needs the real thing).
+"""DRA under faults on the real one-node cluster (the faults that need the real thing).
 
 The DRA deployment of tests/cluster/test_dra.py (its ``dra`` and ``apply`` fixtures: cdiplug from
 ``tests/cluster/overlays/dra``, two fake FPGAs as driver ``fpga.example.com``), with the real

@@ -3,7 +3,7 @@
 cdiplug from ``tests/cluster/overlays/dra`` (the DRA overlay on the node's network) with the
 configuration of ``deploy/examples/dra/cdiplug-config.yaml`` (its ConfigMap applied and the
 DaemonSet pointed at it, as that file says), with the real kubelet, scheduler, resourceclaim
-controller and containerd (CDI) of ``hack/local-cluster.sh``. Covers the issue's cluster tests:
+controller and containerd (CDI) of ``hack/local-cluster.sh``. Covers:
 ``configured.yaml``'s pod reads the merged configuration (class, then claim) in its own env; a
 claim whose configuration has an unknown field fails only its pod (the kubelet's event names the
 field, the claim and the request) while a configured pod beside it runs; ``admin-access.yaml``'s

@@ -57,9 +57,12 @@ def template(
     namespace: str = "cdiplug-system",
     tmp: Path | None = None,
     extra: Sequence[str] = (),
+    hooks: bool = False,
 ) -> list[dict[str, Any]]:
-    """The chart rendered by ``helm template`` with these values files, as objects."""
-    result = helm("template", release, str(CHART), "-n", namespace, *values_args(values, tmp), *extra)
+    """The chart rendered by ``helm template`` with these values files, as objects (what ``helm
+    install`` creates; with ``hooks`` also its hooks, made at install, upgrade or uninstall)."""
+    no_hooks = [] if hooks else ["--no-hooks"]
+    result = helm("template", release, str(CHART), "-n", namespace, *no_hooks, *values_args(values, tmp), *extra)
     if result.returncode != 0:
         raise AssertionError(f"helm template failed: {result.stderr.strip()}")
     return [d for d in yaml.safe_load_all(result.stdout) if d]

@@ -18,7 +18,7 @@ def test_admission_manifests_judge_the_dra_overlay_drivers() -> None:
     admission = ROOT / "deploy" / "admission"
     assert (admission / "config.yaml").read_bytes() == (ROOT / "deploy" / "overlays" / "dra" / "config.yaml").read_bytes()
     config = parse_config(yaml.safe_load((admission / "config.yaml").read_text()), "deploy/admission/config.yaml")
-    drivers = {r.dra_driver for r in config.resources if r.api == Api.DRA}
+    drivers = {r.settings.dra_driver for r in config.resources if r.api == Api.DRA}
     hooks = yaml.safe_load((admission / "webhook.yaml").read_text())["webhooks"]
     for hook in hooks:
         listed = hook["matchConditions"][0]["expression"].split(" in [", 1)[1].split("]", 1)[0]

@@ -11,6 +11,9 @@ whatever the namespace and release name. The schema refuses bad values, naming t
 from __future__ import annotations
 
 import functools
+import signal
+import subprocess
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -72,8 +75,6 @@ def test_lint_strict(values: str) -> None:
 def test_rendered_objects_are_valid_and_cdiplug_accepts_the_command_line(name: str) -> None:
     objects = example(name)
     for obj in objects:
-        if obj["apiVersion"].startswith(("admissionregistration", "resource.k8s.io")):
-            continue  # the client's models lag these APIs; the cluster tests apply them for real
         assert_round_trips(obj, name)
     d = daemon_of(objects, name)
     parsed = build_parser().parse_args(d.container["args"])
@@ -88,7 +89,7 @@ def test_rendered_objects_are_valid_and_cdiplug_accepts_the_command_line(name: s
 @pytest.mark.parametrize("name", NAMES)
 def test_device_classes_and_rbac_name_exactly_the_drivers(name: str) -> None:
     objects = example(name)
-    drivers = {r.dra_driver for r in all_resources(objects, name) if r.api is Api.DRA}
+    drivers = {r.settings.dra_driver for r in all_resources(objects, name) if r.api is Api.DRA}
     classes = find(objects, "DeviceClass")
     assert {c["metadata"]["name"] for c in classes} == drivers
     for c in classes:
@@ -364,3 +365,80 @@ def test_instance_name_is_the_release_name_unless_given(
     assert d.flags.get("instance") == instance
     parsed = build_parser().parse_args(d.container["args"])
     assert (parsed.instance or None) == instance
+
+
+# -- uninstall --------------------------------------------------------------------------------------
+
+
+def wrapper_run(tmp_path: Path, gone: bool) -> tuple[list[str], int]:
+    """Run the DaemonSet's container command with stand-ins for cdiplug (serve waits for SIGTERM)
+    and python (uninstall.py says whether the DaemonSet is gone); SIGTERM it like the kubelet.
+    Returns the command lines the stand-ins saw and the exit status."""
+    d = daemon_of(template(EXAMPLES / "fake-dra.yaml", release="lab"), "fake-dra")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    (bin_dir / "cdiplug").write_text(
+        f'#!/bin/sh\necho "cdiplug $*" >> {log}\n'
+        'if [ "$1" = serve ]; then trap "exit 0" TERM; touch '
+        + str(tmp_path / "serving")
+        + "; while :; do sleep 0.05; done; fi\n"
+    )
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "python $*" >> {log}\nexit {0 if gone else 1}\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    proc = subprocess.Popen(
+        [*d.container["command"], *d.container["args"]], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, start_new_session=True
+    )
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "serving").exists():  # a bounded wait for the stand-in to start serving
+        assert time.monotonic() < deadline and proc.poll() is None, "the wrapper never started cdiplug serve"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    status = proc.wait(20)
+    return log.read_text().splitlines(), status
+
+
+def test_the_container_cleans_its_node_when_its_daemonset_is_gone(tmp_path: Path) -> None:
+    calls, status = wrapper_run(tmp_path, gone=True)
+    assert status == 0
+    serve, check, cleanup = calls
+    assert serve.startswith("cdiplug serve --config=/etc/cdiplug/config.yaml")
+    assert check == "python /etc/cdiplug/uninstall.py daemonset-gone cdiplug-system lab-cdiplug"
+    args = cleanup.split()
+    assert args[:3] == ["cdiplug", "cleanup", "--wait=20"]
+    # The same folders and instance as serve, nothing of serve's own.
+    assert set(args[3:]) == {
+        a for a in serve.split()[2:] if not a.startswith(("--config=", "--log-format=", "--metrics-address="))
+    }
+    assert "--instance=lab" in args
+
+
+def test_the_container_leaves_its_node_alone_while_its_daemonset_stands(tmp_path: Path) -> None:
+    calls, status = wrapper_run(tmp_path, gone=False)
+    assert status == 0
+    assert [c.split()[:2] for c in calls] == [["cdiplug", "serve"], ["python", "/etc/cdiplug/uninstall.py"]]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_uninstall_rights_and_the_post_delete_hook(name: str) -> None:
+    objects = template(EXAMPLES / f"{name}.yaml", hooks=True)
+    (role,) = find(objects, "Role")
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["cdiplug"], "verbs": ["get"]}]
+    resources = all_resources(objects, name)
+    drivers = sorted({r.dra_driver for r in resources if r.api is Api.DRA})
+    hooks = [o for o in objects if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "post-delete"]
+    data = yaml.safe_load(next(o for o in find(objects, "ConfigMap") if "config.yaml" in o["data"])["data"]["config.yaml"])
+    labels = bool(data.get("node_labels"))
+    if not drivers and not labels:
+        assert not hooks
+        return
+    (job,) = [o for o in hooks if o["kind"] == "Job"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert f"--drivers={','.join(drivers)}" in command
+    assert ("--labels" in command) == labels
+    assert {o["kind"] for o in hooks} == {"Job", "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}
+    uninstall = (CHART / "files" / "uninstall.py").read_text()
+    assert one(hooks, "ConfigMap")["data"]["uninstall.py"] == uninstall
+    # Hooks are not part of what install creates.
+    assert not [o for o in template(EXAMPLES / f"{name}.yaml") if o["metadata"].get("annotations", {}).get("helm.sh/hook")]

@@ -84,7 +84,7 @@ def drivers_of(objects: list[dict[str, Any]]) -> set[str]:
     out = set()
     for name in names:
         raw = yaml.safe_load(one(objects, "ConfigMap", "cdiplug-config")["data"]["config.yaml"])
-        out |= {r.dra_driver for r in parse_config(raw, "chart", configuration=name).resources if r.api == Api.DRA}
+        out |= {r.settings.dra_driver for r in parse_config(raw, "chart", configuration=name).resources if r.api == Api.DRA}
     return out
 
 

@@ -74,8 +74,8 @@ def test_one_device_class_per_dra_resource() -> None:
     assert dra
     classes = [o for o in render(DEPLOY / "overlays/dra") if o["kind"] == "DeviceClass"]
     assert {c["metadata"]["name"]: c["spec"] for c in classes} == {
-        r.dra_driver: {
-            "selectors": [{"cel": {"expression": f'device.driver == "{r.dra_driver}"'}}],
+        r.settings.dra_driver: {
+            "selectors": [{"cel": {"expression": f'device.driver == "{r.settings.dra_driver}"'}}],
             "extendedResourceName": r.name,
         }
         for r in dra

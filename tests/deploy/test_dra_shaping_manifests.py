@@ -43,7 +43,10 @@ def test_the_examples_config_is_the_overlays_fpga_with_a_prepared_dir() -> None:
     options = dict(ours["options"])
     assert options.pop("prepared_dir") == "/var/lib/cdiplug/prepared"
     assert {**ours, "options": options} == theirs
-    assert parse_config(examples_config(), "cdiplug-config.yaml").by_name()["example.com/fpga"].dra_driver == "fpga.example.com"
+    assert (
+        parse_config(examples_config(), "cdiplug-config.yaml").by_name()["example.com/fpga"].settings.dra_driver
+        == "fpga.example.com"
+    )
 
 
 def test_the_config_patch_points_the_daemonset_at_the_examples_configmap() -> None:

@@ -205,6 +205,10 @@ def manifest_files() -> list[Path]:
     )
 
 
+def test_the_manifests_are_found() -> None:
+    assert len(manifest_files()) >= 5, f"the manifests under {DEPLOY} were not found"
+
+
 @pytest.mark.parametrize("path", manifest_files(), ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_every_manifest_deserializes(path: Path) -> None:
     documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
@@ -233,7 +237,9 @@ def test_kustomization_renders_to_valid_objects(name: str) -> None:
 
 
 def test_config_files_parse() -> None:
-    for path in DEPLOY.rglob("config.yaml"):
+    paths = sorted(DEPLOY.rglob("config.yaml"))
+    assert paths, f"no config.yaml under {DEPLOY}"
+    for path in paths:
         parse_config(yaml.safe_load(path.read_text()), str(path))
 
 
@@ -309,7 +315,7 @@ def test_probes_point_at_the_metrics_port(name: str) -> None:
 
 @pytest.mark.parametrize("name", DAEMON_KUSTOMIZATIONS)
 def test_metrics_listen_on_the_pod_ip_only(name: str) -> None:
-    """Issue #12: the endpoint has no authentication; never every interface of the node."""
+    """The endpoint has no authentication; never every interface of the node."""
     d = daemon(name)
     assert d.flags["metrics-address"].rpartition(":")[0] == "$(POD_IP)"
     env = {e["name"]: e for e in d.container.get("env", [])}

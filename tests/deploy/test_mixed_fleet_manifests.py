@@ -30,7 +30,7 @@ def test_every_named_configuration_parses() -> None:
         config = parse_config(data, "mixed-fleet/config.yaml", configuration=name)
         assert config.node_labels and config.name == name
         (fpga,) = config.resources
-        assert not fpga.register_when_empty
+        assert not fpga.settings.register_when_empty
     assert parse_config(data, "mixed-fleet/config.yaml").resources[0].options.count == 0  # type: ignore[attr-defined]
 
 

@@ -24,7 +24,7 @@ DASHBOARD = PROM / "cdiplug-dashboard.json"
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 
-# What an operator needs to act on each alert, and what the issue asks for at least.
+# What an operator needs to act on each alert.
 REQUIRED_ALERTS = {
     "CdiplugDaemonNotScraped",
     "CdiplugResourceNotRegistered",

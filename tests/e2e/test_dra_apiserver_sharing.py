@@ -155,12 +155,12 @@ async def test_the_example_config_s_fake_devices_are_stored_as_published(client:
         if resource.name == "example.com/fpga":
             continue
         snapshot = FakeBackend([resource], world).snapshot(resource, {})
-        publisher = SlicePublisher(client, resource.dra_driver, "n1", backoff=(0.05, 0.5))
+        publisher = SlicePublisher(client, resource.settings.dra_driver, "n1", backoff=(0.05, 0.5))
         task = asyncio.create_task(publisher.run(), name="publisher")
         try:
             publisher.want(snapshot)
             await asyncio.wait_for(publisher.wait_published(1), 30)
-            items, _ = await client.list_slices(resource.dra_driver, "n1")
+            items, _ = await client.list_slices(resource.settings.dra_driver, "n1")
             devices = {d["name"]: d for i in items for d in i["spec"].get("devices") or ()}
             counters = [c["name"] for i in items for c in i["spec"].get("sharedCounters") or ()]
             assert sorted(devices) == sorted(snapshot.ids)

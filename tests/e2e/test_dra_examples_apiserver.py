@@ -124,4 +124,4 @@ def test_the_cdiplug_config_of_the_examples_is_accepted_and_loads(apiserver: Pat
     text = got[("ConfigMap", "cdiplug-examples-config")]["data"]["config.yaml"]
     config = parse_config(yaml.safe_load(text), "cdiplug-config.yaml")
     fpga = config.by_name()["example.com/fpga"]
-    assert fpga.dra_driver == DRIVER  # what configured.yaml and admin-access.yaml name
+    assert fpga.settings.dra_driver == DRIVER  # what configured.yaml and admin-access.yaml name

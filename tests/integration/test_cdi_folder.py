@@ -1,4 +1,4 @@
-"""The CDI folder is kept right while the daemon runs, without waiting for an Allocate (issue #12, item 4).
+"""The CDI folder is kept right while the daemon runs, without waiting for an Allocate.
 
 An in-process Daemon with the fake backend, the kubelet stand-in over real gRPC, and real inotify:
 after one Allocate has written the spec, it is deleted, edited, truncated, chmodded, replaced by a

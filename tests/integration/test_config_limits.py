@@ -1,5 +1,5 @@
 """Configuration values that would break later are refused when loaded, and SIGHUP never ends the
-daemon (issue #12, item 2).
+daemon.
 
 Covers the checks of cdiplug.config (NUMA nodes beyond 2^31-1, CDI spec file names over 255 bytes,
 ``count × replicas`` beyond the kubelet's 4 MiB ListAndWatch limit, socket paths beyond 107 bytes
@@ -25,7 +25,7 @@ import yaml
 from cdiplug import daemon as daemon_module
 from cdiplug.config import check_against, load_config, parse_config
 from cdiplug.daemon import Daemon
-from cdiplug.deviceplugin.frontend import list_and_watch_size
+from cdiplug.deviceplugin.settings import list_and_watch_size
 from cdiplug.errors import ConfigError
 from cdiplug.frontend import MAX_SOCKET_PATH
 from cdiplug.models.world import World

@@ -31,7 +31,7 @@ import yaml
 from cdiplug.daemon import Daemon
 from cdiplug.errors import SocketInUse
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, eventually
 
 FPGA, NIC, ACC, NEW = "example.com/fpga", "example.com/nic", "example.com/acc", "example.com/new"
 
@@ -105,8 +105,7 @@ async def test_kubelet_absent_at_start_then_appearing(world: World, short_tmp: P
     async with daemon(config, world):
         # Serving already, waiting for the kubelet (no crash, a log line).
         assert sock(world, FPGA).is_socket() and sock(world, NIC).is_socket()
-        await asyncio.sleep(0.2)
-        assert any("waiting for the kubelet" in r.getMessage() for r in caplog.records)
+        await eventually(lambda: any("waiting for the kubelet" in r.getMessage() for r in caplog.records), "the log line")
         appeared = time.monotonic()
         async with KubeletStandIn(world.kubelet_dir) as kubelet:  # wipes the folder, as a kubelet does
             for name in (FPGA, NIC):

@@ -136,7 +136,13 @@ async def test_an_xid_reaches_list_and_watch_and_the_gpu_recovers(gpu_world: Wor
 @pytest.mark.parametrize("strategy", ["spread", "pack"])
 async def test_replicas_share_health_and_follow_the_strategy(gpu_world: World, fake: FakeNvml, strategy: str) -> None:
     config = make_config(replica_strategy=strategy)
-    config = attrs.evolve(config, resources=(attrs.evolve(config.resources[0], replicas=2), config.resources[1]))
+    config = attrs.evolve(
+        config,
+        resources=(
+            attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, replicas=2)),
+            config.resources[1],
+        ),
+    )
     uuids = [g.uuid for g in fake.gpus]
     async with node(config, gpu_world, fake) as kubelet:
         await kubelet.wait_until(lambda: kubelet.capacity(GPU) == 16, timeout=5, what="16 replicas listed")

@@ -1,5 +1,5 @@
 """The package's shape as a new engineer meets it: layers that are folders, a short top level, and
-a package that explains itself from inside the repository (issue 18's "tree that shows its layers")."""
+a package that explains itself from inside the repository."""
 
 from __future__ import annotations
 

@@ -259,7 +259,7 @@ async def test_broken_health_file_keeps_the_last_state(world, short_tmp, error_l
     ],
 )
 async def test_hostile_health_file_is_logged_and_the_last_state_kept(world, short_tmp, error_logged, hostile):
-    """Issue #12: one bad byte (or a FIFO, /dev/zero, a bomb) must not stop anything."""
+    """One bad byte (or a FIFO, /dev/zero, a bomb) must not stop anything."""
     folder = short_tmp / "h"
     folder.mkdir()
     health = folder / "health.yaml"

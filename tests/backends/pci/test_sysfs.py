@@ -154,7 +154,7 @@ def test_fake_kernel_errors_like_the_kernel(tree: SysfsTree) -> None:
         kernel.write(sysfs.function_dir(vf) / "driver_override", "vfio-pci")
 
 
-# -- forged trees (issue #12, item 5) ------------------------------------------------------------
+# -- forged trees ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("group", ["..", "vfio", "5 ", "-1", "٣", "1e3", "x" * 300])

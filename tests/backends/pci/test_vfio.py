@@ -299,7 +299,7 @@ def test_corrupt_state_file_is_moved_aside(world: World, caplog) -> None:
 
 
 def test_hostile_state_files_are_moved_aside_never_read_through(world: World, short_tmp: Path, caplog) -> None:
-    """Issue #12: a FIFO, a folder, a symlink (even to a good file), a huge or deep or non-UTF-8
+    """A FIFO, a folder, a symlink (even to a good file), a huge or deep or non-UTF-8
     file where a journal entry or record should be: moved aside with the reason, no hang, no crash."""
     journal = Journal(world.state_dir)
     journal.ensure()

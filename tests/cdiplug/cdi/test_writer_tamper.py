@@ -1,4 +1,4 @@
-"""The spec writer against tampering (issue #12, item 4), on a real filesystem: an edit that keeps
+"""The spec writer against tampering, on a real filesystem: an edit that keeps
 size and mtime (ctime gives it away), a symlink to a perfect copy, a folder, a FIFO, a socket at
 our path (moved aside as ``<name>.moved-aside-<n>`` and reported, never followed or read, never
 accepted by ``is_current``), a file where the CDI folder should be, and folders created 0755

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from cdiplug.backend import Abilities, abilities_of
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.deviceplugin.allocator import Allocator
+from cdiplug.deviceplugin.settings import DevicePluginSettings
 from cdiplug.errors import CdiError, InvalidRequest, PreparationError
 from cdiplug.host import Preparations, SpecKeeper
 from cdiplug.models.devices import (
@@ -42,7 +43,8 @@ ALL_PARTS = frozenset(AllocatePart)
 
 
 def resource(allocate=ALL_PARTS, replicas=1, cdi_kind="") -> ResourceConfig:
-    return ResourceConfig(name=RESOURCE, backend="test", options=None, cdi_kind=cdi_kind, allocate=allocate, replicas=replicas)
+    settings = DevicePluginSettings(allocate=allocate, replicas=replicas)
+    return ResourceConfig(name=RESOURCE, backend="test", options=None, cdi_kind=cdi_kind, settings=settings)
 
 
 def device(i: int, **kw) -> Device:

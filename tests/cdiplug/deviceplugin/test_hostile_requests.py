@@ -1,4 +1,4 @@
-"""Hostile gRPC requests against a real ResourceServer with the real Allocator (issue #12, item 3).
+"""Hostile gRPC requests against a real ResourceServer with the real Allocator.
 
 Real grpc.aio over a unix socket; some requests are raw bytes sent without protobuf on our side
 (IDs that are not valid UTF-8, truncated messages). Covers: status codes (INVALID_ARGUMENT, never
@@ -21,6 +21,7 @@ from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from cdiplug.backend import Abilities
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.server import MAX_DETAILS, ResourceServer, Undecodable
+from cdiplug.deviceplugin.settings import DevicePluginSettings
 from cdiplug.models.devices import Device, DeviceSnapshot
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.toolkit.brief import brief, format_ids
@@ -43,7 +44,7 @@ def field(number: int, payload: bytes) -> bytes:
 
 @pytest.fixture
 async def stub(short_tmp: Path) -> AsyncIterator[tuple[pb_grpc.DevicePluginStub, grpc.aio.Channel]]:
-    config = ResourceConfig(name=RESOURCE, backend="fake", options=None, replicas=2)
+    config = ResourceConfig(name=RESOURCE, backend="fake", options=None, settings=DevicePluginSettings(replicas=2))
     allocator = Allocator(config, Abilities())
     allocator.update(DeviceSnapshot(RESOURCE, [Device(f"fpga-{i}", numa_nodes=(i % 2,)) for i in range(4)]))
     server = ResourceServer(RESOURCE, SOCKET, short_tmp, allocator)

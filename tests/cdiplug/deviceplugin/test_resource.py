@@ -8,7 +8,6 @@ only stores the list for ListAndWatch); metrics are a recorder. The updater runs
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -18,10 +17,12 @@ from cdiplug.cdi.writer import SpecWriter, same_spec
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.resource import ServedResource
 from cdiplug.deviceplugin.server import ResourceServer
+from cdiplug.deviceplugin.settings import DevicePluginSettings
 from cdiplug.host import SpecKeeper
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Health
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
+from cdiplug.testing.poll import eventually
 
 RESOURCE = "example.com/fpga"
 
@@ -62,7 +63,7 @@ class RecordingMetrics:
 
 
 def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
-    rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=replicas)
+    rc = ResourceConfig(name=RESOURCE, backend="test", options=None, settings=DevicePluginSettings(replicas=replicas))
     holder: list[ResourceServer] = []
     writer = RecordingWriter(world, holder)
     keeper = SpecKeeper(writer, rc.cdi_kind)
@@ -72,18 +73,9 @@ def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWr
     return ServedResource(rc, allocator, holder[0], keeper, metrics), writer, metrics  # type: ignore[arg-type]
 
 
-async def until(condition: Callable[[], bool], what: str, timeout: float = 2.0) -> None:
-    """Await a condition the updater task brings about (it writes the spec in a thread)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        await asyncio.sleep(0.001)
-
-
 async def taken(res: ServedResource) -> None:
     """The updater took what was offered (the check for an unchanged snapshot is synchronous)."""
-    await until(lambda: res.pending is None and not res.wake.is_set(), "the updater took the snapshot")
+    await eventually(lambda: res.pending is None and not res.wake.is_set(), "the updater took the snapshot")
 
 
 def test_same_spec_ignores_health_only():
@@ -103,7 +95,7 @@ async def test_offer_reaches_the_allocator_at_once_and_a_burst_coalesces(world: 
         res.offer(snapshot("a"))
         res.offer(snapshot("a", "b"))
         assert res.allocator.snapshot == snapshot("a", "b")  # before the updater ran
-        await until(lambda: res.server.advertised == snapshot("a", "b"), "published")
+        await eventually(lambda: res.server.advertised == snapshot("a", "b"), "published")
         assert res.applied == snapshot("a", "b")
         assert len(writer.seen_at_write) == 1 and metrics.calls == [(RESOURCE, 2, 0)]
         res.offer(snapshot("a", "b"))  # unchanged: nothing happens
@@ -118,7 +110,7 @@ async def test_the_kubelet_hears_first_and_an_allocate_waits_for_the_spec(world:
     task = asyncio.create_task(res.run_updates(), name="update")
     try:
         res.offer(snapshot("a"))
-        await until(lambda: res.server.advertised == snapshot("a"), "published")
+        await eventually(lambda: res.server.advertised == snapshot("a"), "published")
         # An Allocate at once (the kubelet may send one as soon as it hears): its CDI device's
         # spec is on disk before the answer, written by the updater or by the Allocate itself.
         (answer,) = await res.allocator.allocate([["a"]])
@@ -127,7 +119,7 @@ async def test_the_kubelet_hears_first_and_an_allocate_waits_for_the_spec(world:
         await taken(res)
         assert writer.seen_at_write[0] == snapshot("a")  # the kubelet had heard when the write began
         res.offer(snapshot("a", unhealthy=("a",)))
-        await until(lambda: res.server.advertised == snapshot("a", unhealthy=("a",)), "health published")
+        await eventually(lambda: res.server.advertised == snapshot("a", unhealthy=("a",)), "health published")
         await taken(res)
         # Health is no part of the spec: the kubelet heard, and the file was not even looked at again.
         assert len(writer.seen_at_write) == 1, [(s.devices[0].health if s else None) for s in writer.seen_at_write]
@@ -141,12 +133,12 @@ async def test_replace_allocator_reapplies_the_last_snapshot_under_the_new_confi
     task = asyncio.create_task(res.run_updates(), name="update")
     try:
         res.offer(snapshot("a"))
-        await until(lambda: res.server.advertised == snapshot("a"), "published")
-        rc = ResourceConfig(name=RESOURCE, backend="test", options=None, replicas=2)
+        await eventually(lambda: res.server.advertised == snapshot("a"), "published")
+        rc = ResourceConfig(name=RESOURCE, backend="test", options=None, settings=DevicePluginSettings(replicas=2))
         new = Allocator(rc, Abilities())
         res.replace_allocator(rc, new, res.spec)
         assert res.server.allocator is new and new.snapshot == snapshot("a")
-        await until(
+        await eventually(
             lambda: res.server.advertised is not None and res.server.advertised.ids == ("a::0", "a::1"), "replicas published"
         )
     finally:

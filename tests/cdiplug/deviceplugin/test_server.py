@@ -39,6 +39,7 @@ from cdiplug.models.devices import (
     Mount,
     PreferredRequest,
 )
+from cdiplug.testing.poll import eventually
 
 RESOURCE = "example.com/fpga"
 SOCKET = "example.com-fpga.sock"
@@ -103,15 +104,6 @@ async def server(short_tmp: Path, allocator: ScriptedAllocator) -> AsyncIterator
 async def stub(server: ResourceServer) -> AsyncIterator[pb_grpc.DevicePluginStub]:
     async with grpc.aio.insecure_channel(f"unix://{server.socket_path}") as channel:
         yield pb_grpc.DevicePluginStub(channel)
-
-
-async def wait_for(predicate, timeout: float = 2.0) -> None:  # type: ignore[no-untyped-def]
-    """Await a condition with a deadline (state changes here have no event to wait on)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 def listening_socket(path: Path) -> socket.socket:
@@ -241,7 +233,7 @@ async def test_unknown_topology_sends_no_topology_field(server: ResourceServer, 
 
 async def test_stream_waits_for_the_first_list(server: ResourceServer, stub: pb_grpc.DevicePluginStub) -> None:
     call = stub.ListAndWatch(pb.Empty())
-    await wait_for(lambda: server.stream_count == 1)
+    await eventually(lambda: server.stream_count == 1)
     server.publish(snapshot(Health.HEALTHY))
     first = await asyncio.wait_for(call.read(), 2)
     assert [d.ID for d in first.devices] == ["fpga-0"]
@@ -284,7 +276,7 @@ async def test_several_streams_each_get_every_list(server: ResourceServer, stub:
     for call in calls:
         assert len((await asyncio.wait_for(call.read(), 2)).devices) == 2
     calls[0].cancel()
-    await wait_for(lambda: server.stream_count == 2)
+    await eventually(lambda: server.stream_count == 2)
     server.publish(snapshot(Health.UNHEALTHY, Health.HEALTHY))
     for call in calls[1:]:
         assert (await asyncio.wait_for(call.read(), 2)).devices[0].health == "Unhealthy"
@@ -297,7 +289,7 @@ async def test_stream_ends_cleanly_when_the_kubelet_cancels(server: ResourceServ
     await asyncio.wait_for(call.read(), 2)
     assert server.stream_count == 1
     call.cancel()
-    await wait_for(lambda: server.stream_count == 0)
+    await eventually(lambda: server.stream_count == 0)
     server.publish(snapshot(Health.UNHEALTHY))  # nobody left to tell: no error
 
 

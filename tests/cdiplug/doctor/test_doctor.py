@@ -235,3 +235,15 @@ async def test_examine_with_the_fake_backend(node: World, tmp_path: Path) -> Non
     files = RuntimeFiles(containerd=containerd(tmp_path, CONTAINERD_V3, node), proc_root=tmp_path, crio_dir=tmp_path / "none")
     found = await examine(node, None, files, plugins=PluginRegistry({"fake": fake.plugin, "pci": pci.plugin}))
     assert {f.verdict for f in found} == {Verdict.OK}
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str], node: World, tmp_path: Path) -> None:
+    import json
+
+    config = containerd(tmp_path, CONTAINERD_V2_OFF, node)
+    code, lines, _ = doctor(capsys, *argv(node, "--containerd-config", str(config), "-o", "json"))
+    assert code == 1
+    found = json.loads("\n".join(lines))
+    (bad,) = [f for f in found if f["verdict"] == "problem"]
+    assert bad["subject"] == "containerd CDI" and bad["fix"].startswith("set enable_cdi = true")
+    assert {f["verdict"] for f in found} == {"ok", "problem"}

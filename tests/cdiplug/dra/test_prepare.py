@@ -35,6 +35,7 @@ from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.instances import InstanceLock
 from cdiplug.dra.prepare import ClaimPreparer
 from cdiplug.dra.rollback import roll_back_started
+from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import DeviceUnavailable, KubernetesError, PreparationError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
@@ -81,7 +82,7 @@ class Recording:
 
 
 PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, dra_driver=DRIVER)
+RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
 
 
 class Claims:

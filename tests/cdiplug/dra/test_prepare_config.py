@@ -28,6 +28,7 @@ from cdiplug.backend import BackendPlugin, CheckedOptions, ClaimConfigurable, Co
 from cdiplug.dra.checkpoint import ClaimStore, decode
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer
+from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest, KubernetesError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
@@ -98,7 +99,7 @@ class Recording(ClaimConfigurable[RecConfig]):
 
 
 PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, dra_driver=DRIVER)
+RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
 
 
 def params(**fields: Any) -> dict[str, Any]:

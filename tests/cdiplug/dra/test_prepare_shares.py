@@ -26,6 +26,7 @@ from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer
+from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest, KubernetesError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, RequestPolicy
@@ -79,7 +80,7 @@ class Recording:
 
 
 PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, dra_driver=DRIVER)
+RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
 
 
 class Claims:

@@ -1,4 +1,4 @@
-"""The metrics endpoint against slow, silent, greedy and junk clients (issues #12, item 6, and #17).
+"""The metrics endpoint against slow, silent, greedy and junk clients.
 
 Real TCP on 127.0.0.1 port 0, raw sockets on the client side. Covers: a silent and a trickling
 client dropped after the timeout (a short one here; 10 s by default), the deadline for the
@@ -7,7 +7,7 @@ waiting room (256 held) dropping its oldest for a newcomer so that probes are an
 answered while everything else is over its bound and the other way round, 431 for headers over
 8 KiB, 400/405/404 for junk, a wrong method and an unknown path, no thread per connection, no
 file descriptor left behind, and the endpoint answering normally again afterwards. The attack of
-issue #17 at full size (200 slow clients for 60 s): tests/chaos/test_metrics_probes.py.
+At full size (200 slow clients for 60 s): tests/chaos/test_metrics_probes.py.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from cdiplug.telemetry.http import (
     MetricsServer,
 )
 from cdiplug.telemetry.metrics import Metrics
+from cdiplug.testing.poll import eventually
 
 
 @contextlib.asynccontextmanager
@@ -113,13 +114,6 @@ async def test_silent_and_trickling_clients_are_dropped() -> None:
         assert server.stats["timed_out"] == 2 and server.connections == 0
 
 
-async def until(predicate: Any) -> None:
-    """Until ``predicate()`` holds: the server counts on its own loop, in its own thread."""
-    async with asyncio.timeout(10):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 async def test_a_full_waiting_room_drops_its_oldest_and_probes_are_answered() -> None:
     fds, threads = open_fds(), threading.active_count()
     async with serving(timeout=30, header_timeout=30) as server:
@@ -129,7 +123,7 @@ async def test_a_full_waiting_room_drops_its_oldest_and_probes_are_answered() ->
             sock = socket.create_connection(("127.0.0.1", server.port))
             sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # never finished
             held.append(sock)
-            await until(lambda: server.waiting == min(len(held), MAX_WAITING))  # taken in this order
+            await eventually(lambda: server.waiting == min(len(held), MAX_WAITING))  # taken in this order
 
         for _ in range(MAX_WAITING):
             await hold()
@@ -148,7 +142,7 @@ async def test_a_full_waiting_room_drops_its_oldest_and_probes_are_answered() ->
             held[3].recv(100)  # the rest still wait
         for sock in held:
             sock.close()
-        await until(lambda: server.connections == 0)
+        await eventually(lambda: server.connections == 0)
         assert (await exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.0 200")
     assert open_fds() <= fds + 1  # the default executor's wake-up pipe may stay
 

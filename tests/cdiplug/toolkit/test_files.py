@@ -1,5 +1,5 @@
 """Bounded reading and safe loading of the files cdiplug is given (cdiplug.toolkit.files, cdiplug.toolkit.safeload),
-and their use for the configuration and kubeconfigs (issue #12, item 1).
+and their use for the configuration and kubeconfigs.
 
 Real files in a temporary folder: FIFOs without a writer, /dev/zero, folders, symlinks, files past
 the size limit, non-UTF-8 bytes, deep nesting, huge integers, YAML alias bombs, recursive aliases.

@@ -1,4 +1,4 @@
-"""How :class:`cdiplug.wire.unixserver.UnixServer` makes its socket (issue #17): bound inside a private
+"""How :class:`cdiplug.wire.unixserver.UnixServer` makes its socket: bound inside a private
 0700 folder beside the target, 0600 before it is renamed into place, the folder removed after;
 nothing left behind when binding fails; private folders a crash left are removed at the next
 start, only those of this socket's name, that are folders and are ours. Real grpc on unix sockets

@@ -230,7 +230,10 @@ async def test_a_failed_prepare_writes_ready_false_and_unprepare_clears_it(
 async def test_device_metadata_is_written_mounted_and_removed(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
     # device_metadata: true (KEP-5304): one metadata.json per request under the driver's plugin
     # folder, bind-mounted read-only by the claim's spec into the devices of that request.
-    resources = [attrs.evolve(config.resources[0], device_metadata=True), *config.resources[1:]]
+    resources = [
+        attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, device_metadata=True)),
+        *config.resources[1:],
+    ]
     with_metadata = attrs.evolve(config, resources=tuple(resources))
     stray = dra_world.plugins_dir / DRIVER / "dra-device-metadata" / "default_gone" / "fpga"
     stray.mkdir(parents=True)
@@ -285,7 +288,10 @@ async def test_a_template_claims_metadata_survives_a_wiped_cdi_folder(
 ) -> None:
     # A claim made from a template is found in the container by its pod claim name (the
     # annotation); after a reboot wipes the CDI folder, the spec comes back mounting the same.
-    resources = [attrs.evolve(config.resources[0], device_metadata=True), *config.resources[1:]]
+    resources = [
+        attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, device_metadata=True)),
+        *config.resources[1:],
+    ]
     with_metadata = attrs.evolve(config, resources=tuple(resources))
     spec_file = dra_world.cdi_dir / f"cdiplug-claim-{UID1}.json"
     generated = claim(UID1, [("fpga", "fpga-0")], name="pod-a-accel-x7k2p")

@@ -23,6 +23,7 @@ from cdiplug.models.world import World
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn, KubeletStandIn
 from cdiplug.testing.daemon import running_daemon
 from cdiplug.testing.dra_objects import allocated_claim, claim_ref
+from cdiplug.testing.poll import eventually
 from cdiplug.testing.prometheus import RealPrometheus, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,15 +37,8 @@ ALERT = "CdiplugDevicesUnhealthy"
 
 
 async def poll(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    """``check()`` (in a thread) until it gives something true; its value. Bounded."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await asyncio.to_thread(check)
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.5)
+    """``check()`` (a query: in a thread) every half second until it gives something true; its value."""
+    return await eventually(check, what, timeout=timeout, interval=0.5, in_thread=True)
 
 
 def stamp() -> str:

@@ -1,4 +1,4 @@
-"""The PodResources v1 client (cdiplug.deviceplugin.pod_resources) against a real grpc.aio PodResourcesLister
+"""The PodResources v1 client (cdiplug.wire.pod_resources) against a real grpc.aio PodResourcesLister
 stand-in (cdiplug.testing.PodResourcesStandIn) on a unix socket: devices folded per resource
 over pods and containers, replica IDs, an empty node, a failing and an absent kubelet."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cdiplug.deviceplugin.pod_resources import AllocatedDevices, list_allocated
 from cdiplug.errors import KubeletError
 from cdiplug.testing import PodResourcesStandIn
+from cdiplug.wire.pod_resources import AllocatedDevices, list_allocated
 
 
 async def test_devices_per_resource_over_pods_and_containers(short_tmp: Path) -> None:

@@ -3,8 +3,9 @@
 The kubelet serves ``v1.PodResourcesLister`` on a unix socket (by default
 ``/var/lib/kubelet/pod-resources/kubelet.sock``). :func:`list_allocated` calls ``List`` and folds
 the answer into an :class:`AllocatedDevices` value: resource name -> the device IDs some container
-of some pod holds. Like ``cdiplug.deviceplugin.server`` this is a gRPC edge: protobuf and gRPC errors stay
-here; a failure is a :class:`~cdiplug.errors.KubeletError` naming the socket.
+of some pod holds, and DRA driver -> the devices pods hold through claims. The front ends ask it
+which devices their consumers hold (the device plugin's release, the handover). A gRPC edge:
+protobuf and gRPC errors stay here; a failure is a :class:`~cdiplug.errors.KubeletError` naming the socket.
 
 Device IDs are reported as the kubelet knows them, so with ``replicas`` they are the advertised
 ``<id>::<i>``; :meth:`AllocatedDevices.underlying` maps them back.
