@@ -10,7 +10,8 @@ Against the stand-ins of ``cdiplug.testing`` (real gRPC over unix sockets, real 
 - ``prepare_cN_ms_p50/p99``, ``unprepare_cN_ms_p50/p99`` for N in ``--concurrency`` (1, 8, 64):
   N claims prepared at once, each in its own ``NodePrepareResources`` call (as the kubelet calls
   per pod), then unprepared at once, ``--rounds`` (8) times; ``burst_cN_s`` the median wall time
-  of one such round; ``rss_mib_before_bursts`` / ``rss_mib_after_bursts``: this process's
+  of one such round; ``cpu_ms_per_claim_cN`` this process's CPU (daemon and stand-ins) per claim
+  prepared and unprepared, steadier than wall times on a busy machine; ``rss_mib_before_bursts`` / ``rss_mib_after_bursts``: this process's
   ``VmRSS`` (daemon and stand-ins) before the first round and after the last;
 - ``slice_build_ms``: building the slice bodies of ``--devices`` (4096) devices (pure);
 - ``slice_publish_s``: the publisher's first publish of those devices to the API stand-in
@@ -89,6 +90,7 @@ async def burst_figures(conn: Any, refs: list[ClaimRef], levels: list[int], roun
         prepared: list[float] = []
         unprepared: list[float] = []
         walls: list[float] = []
+        cpu = time.process_time()
         for _ in range(rounds):
             batch = refs[:n]
             started = time.perf_counter()
@@ -100,6 +102,7 @@ async def burst_figures(conn: Any, refs: list[ClaimRef], levels: list[int], roun
         figures[f"unprepare_c{n}_ms_p50"] = round(statistics.median(unprepared), 2)
         figures[f"unprepare_c{n}_ms_p99"] = round(percentile(unprepared, 0.99), 2)
         figures[f"burst_c{n}_s"] = round(statistics.median(walls), 4)
+        figures[f"cpu_ms_per_claim_c{n}"] = round((time.process_time() - cpu) * 1000 / (n * rounds), 2)
     figures["rss_mib_after_bursts"] = rss_mib()
     return figures
 

@@ -37,7 +37,7 @@ from attrs import field, frozen
 
 from cdiplug.backend import BackendPlugin, CheckedOptions, load_plugins
 from cdiplug.errors import BackendError, BackendNotFound, ConfigError, InputError
-from cdiplug.frontend import CDI_KIND, CORE_KEYS, Problem, front_end_type, owners, registered, setting_names
+from cdiplug.frontend import CDI_KIND, CORE_KEYS, ResourceProblem, front_end_type, owners, registered, setting_names
 from cdiplug.models.names import extended_resource_problem, is_label_value, spec_file_problem
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
@@ -211,15 +211,19 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
 
 @frozen
 class _RawResource:
-    name: str
-    backend: str
-    options: dict[str, Any] = attrs.Factory(dict)
+    # The extended resource name (vendor/class, as the kubelet validates it); one entry per name.
+    name: str = field(metadata={"example": "example.com/fpga"})
+    # The backend that finds the devices: fake, pci, nvidia, or any other installed one.
+    backend: str = field(metadata={"example": "fake"})
+    # The backend's own options (its section below); unknown keys are errors.
+    options: dict[str, Any] = field(factory=dict, metadata={"example": {"count": 4}})
     api: ApiName = field(
-        default=ApiName(Api.DEVICE_PLUGIN), metadata={"doc": "The front end serving the resource; its settings are more keys."}
+        default=ApiName(Api.DEVICE_PLUGIN),
+        metadata={"doc": "The front end serving the resource; its settings are more keys.", "example": "dra"},
     )
     # The CDI kind of the spec the host writes for the resource (default: the name, or the
     # backend's choice); set only where the front end's consumers use that spec. None: not given.
-    cdi_kind: str | None = None
+    cdi_kind: str | None = field(default=None, metadata={"example": "example.com/fpga-spec"})
     # Every other key: its front end's settings (documented with them, not as a key of its own).
     settings: dict[str, Any] = field(factory=dict, metadata={"internal": True})
 
@@ -244,14 +248,17 @@ converter.register_structure_hook(_RawResource, _raw_resource_hook)
 
 @frozen
 class _RawNamed:
-    resources: tuple[_RawResource, ...]
-    node_labels: bool | None = None
+    resources: tuple[_RawResource, ...]  # the resources of the nodes with this configuration
+    node_labels: bool | None = None  # write device labels on these nodes (default: the top-level node_labels)
 
 
 @frozen
 class _RawConfig:
+    # The resources every node serves (or give configurations instead).
     resources: tuple[_RawResource, ...] | None = None
+    # Write device labels on the node (cdiplug.dev/...); the default of every named configuration.
     node_labels: bool | None = None
+    # Named configurations: a node gets the one its label cdiplug.dev/config names, "default" without it.
     configurations: dict[str, _RawNamed] | None = None
 
 
@@ -458,7 +465,7 @@ def by_api(config: Config) -> dict[str, list[ResourceConfig[object]]]:
     return {api: group for api in registered() if (group := [r for r in config.resources if r.api == api])}
 
 
-def _raise_first(config: Config, problems: Sequence[Problem], given: Mapping[str, Sequence[str]] | None = None) -> None:
+def _raise_first(config: Config, problems: Sequence[ResourceProblem], given: Mapping[str, Sequence[str]] | None = None) -> None:
     """The first of the front ends' ``problems`` (in the file's order) as a ConfigError.
 
     With ``given`` (the settings each resource set in the file), a problem with a setting left to

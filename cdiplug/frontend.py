@@ -60,7 +60,7 @@ MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL
 
 
 @frozen
-class Problem:
+class ResourceProblem:
     """Why one resource cannot be served: ``message`` about its setting ``field``.
 
     ``field`` is a key of the resource (``options``, or one of its front end's settings) or a path below
@@ -127,11 +127,11 @@ class FrontEndType(Protocol):
         """``settings`` as read from the file, with the defaults that depend on the resource or its backend filled in."""
         ...
 
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterable[Problem]:
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterable[ResourceProblem]:
         """Problems of ``resources`` (all those naming this api) found when the file is read."""
         ...
 
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterable[Problem]:
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterable[ResourceProblem]:
         """Problems that need the node's folders (socket paths), found at start and every reload."""
         ...
 
@@ -175,10 +175,10 @@ class FrontEndTypeBase:
     def settle(self, settings: Any, resource: str, plugin: BackendPlugin[Any]) -> Any:
         return settings
 
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterable[Problem]:
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterable[ResourceProblem]:
         return ()
 
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterable[Problem]:
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterable[ResourceProblem]:
         return ()
 
     async def holding(

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from cdiplug.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, to_dict, to_json
+from cdiplug.cdi.spec import CdiContainerEdits, CdiDevice, CdiDeviceNode, CdiHook, CdiMount, CdiSpec, to_dict, to_json
 from cdiplug.cdi.validate import check_document
 from cdiplug.cdi.version import minimal_version
 from cdiplug.errors import CdiError
@@ -19,9 +19,9 @@ from cdiplug.models import devices as model
 from cdiplug.models.names import cdi_device_name, check_kind
 
 
-def device_node(node: model.DeviceNode) -> DeviceNode:
+def device_node(node: model.DeviceNode) -> CdiDeviceNode:
     host_path = node.host_path if node.host_path and node.host_path != node.path else None
-    return DeviceNode(
+    return CdiDeviceNode(
         path=node.path,
         host_path=host_path,
         type=node.type,
@@ -32,22 +32,22 @@ def device_node(node: model.DeviceNode) -> DeviceNode:
     )
 
 
-def mount(m: model.Mount) -> Mount:
+def mount(m: model.Mount) -> CdiMount:
     options = list(m.options)
     # Without a type, runc needs "bind" to know this is a bind mount (as the CDI examples do).
     if m.type in (None, "bind") and "bind" not in options and "rbind" not in options:
         options.append("bind")
     if m.read_only and "ro" not in options:
         options.insert(0, "ro")
-    return Mount(host_path=m.host_path, container_path=m.container_path, options=options, type=m.type)
+    return CdiMount(host_path=m.host_path, container_path=m.container_path, options=options, type=m.type)
 
 
-def hook(h: model.Hook) -> Hook:
-    return Hook(hook_name=h.hook_name, path=h.path, args=h.args, env=h.env, timeout=h.timeout)
+def hook(h: model.Hook) -> CdiHook:
+    return CdiHook(hook_name=h.hook_name, path=h.path, args=h.args, env=h.env, timeout=h.timeout)
 
 
-def container_edits(edits: model.ContainerEdits) -> ContainerEdits:
-    return ContainerEdits(
+def container_edits(edits: model.ContainerEdits) -> CdiContainerEdits:
+    return CdiContainerEdits(
         env=[f"{k}={v}" for k, v in edits.env],
         device_nodes=[device_node(n) for n in edits.device_nodes],
         hooks=[hook(h) for h in edits.hooks],
@@ -56,7 +56,7 @@ def container_edits(edits: model.ContainerEdits) -> ContainerEdits:
     )
 
 
-def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> Spec:
+def build_spec(kind: str, snapshot: model.DeviceSnapshot) -> CdiSpec:
     """The spec of one kind for every device of ``snapshot`` (see :func:`build_checked`)."""
     return build_checked(kind, snapshot)[0]
 
@@ -67,7 +67,7 @@ def render_spec(kind: str, snapshot: model.DeviceSnapshot) -> bytes:
     return to_json(spec, data)
 
 
-def build_checked(kind: str, snapshot: model.DeviceSnapshot) -> tuple[Spec, dict[str, Any]]:
+def build_checked(kind: str, snapshot: model.DeviceSnapshot) -> tuple[CdiSpec, dict[str, Any]]:
     """The spec of one kind for every device of ``snapshot``, with the lowest version it needs.
 
     Raises CdiError when the kind is not a valid CDI kind, a device has no edits (the spec forbids
@@ -75,7 +75,7 @@ def build_checked(kind: str, snapshot: model.DeviceSnapshot) -> tuple[Spec, dict
     result fails :mod:`cdiplug.cdi.validate` in any other way.
     """
     check_kind(kind)
-    devices: list[Device] = []
+    devices: list[CdiDevice] = []
     owners: dict[str, str] = {}
     for d in snapshot.devices:
         name = cdi_device_name(d.id)  # always a valid name; check_spec below checks it again
@@ -87,8 +87,8 @@ def build_checked(kind: str, snapshot: model.DeviceSnapshot) -> tuple[Spec, dict
             raise CdiError(
                 f"resource {snapshot.resource}: device {d.id!r} has no container edits; a CDI device needs at least one"
             )
-        devices.append(Device(name=name, container_edits=edits))
-    draft = Spec(cdi_version="", kind=kind, devices=devices, container_edits=container_edits(snapshot.common_edits))
+        devices.append(CdiDevice(name=name, container_edits=edits))
+    draft = CdiSpec(cdi_version="", kind=kind, devices=devices, container_edits=container_edits(snapshot.common_edits))
     spec = attrs.evolve(draft, cdi_version=minimal_version(draft))
     # Never hand out a spec a runtime would refuse (an env var without a name, a bad node type
     # from a backend): check it as strictly as `cdiplug cdi validate` would.

@@ -26,7 +26,7 @@ def _pairs(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[
 
 
 @frozen
-class DeviceNode:
+class CdiDeviceNode:
     path: str
     host_path: str | None = None
     type: str | None = None
@@ -39,7 +39,7 @@ class DeviceNode:
 
 
 @frozen
-class Mount:
+class CdiMount:
     host_path: str
     container_path: str
     options: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
@@ -47,7 +47,7 @@ class Mount:
 
 
 @frozen
-class Hook:
+class CdiHook:
     hook_name: str
     path: str
     args: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
@@ -56,7 +56,7 @@ class Hook:
 
 
 @frozen
-class IntelRdt:
+class CdiIntelRdt:
     clos_id: str | None = None
     l3_cache_schema: str | None = None
     mem_bw_schema: str | None = None
@@ -65,7 +65,7 @@ class IntelRdt:
 
 
 @frozen
-class NetDevice:
+class CdiNetDevice:
     """``netDevices`` items (CDI 1.1.0): move a host network interface into the container."""
 
     host_interface_name: str
@@ -73,35 +73,35 @@ class NetDevice:
 
 
 @frozen
-class ContainerEdits:
+class CdiContainerEdits:
     env: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
-    device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple[DeviceNode, ...])
-    net_devices: tuple[NetDevice, ...] = field(default=(), converter=tuple[NetDevice, ...])
-    hooks: tuple[Hook, ...] = field(default=(), converter=tuple[Hook, ...])
-    mounts: tuple[Mount, ...] = field(default=(), converter=tuple[Mount, ...])
-    intel_rdt: IntelRdt | None = None
+    device_nodes: tuple[CdiDeviceNode, ...] = field(default=(), converter=tuple[CdiDeviceNode, ...])
+    net_devices: tuple[CdiNetDevice, ...] = field(default=(), converter=tuple[CdiNetDevice, ...])
+    hooks: tuple[CdiHook, ...] = field(default=(), converter=tuple[CdiHook, ...])
+    mounts: tuple[CdiMount, ...] = field(default=(), converter=tuple[CdiMount, ...])
+    intel_rdt: CdiIntelRdt | None = None
     additional_gids: tuple[int, ...] = field(default=(), converter=tuple[int, ...])
 
     def is_empty(self) -> bool:
         return self == _EMPTY_EDITS
 
 
-_EMPTY_EDITS = ContainerEdits()
+_EMPTY_EDITS = CdiContainerEdits()
 
 
 @frozen
-class Device:
+class CdiDevice:
     name: str
-    container_edits: ContainerEdits
+    container_edits: CdiContainerEdits
     annotations: tuple[tuple[str, str], ...] = field(default=(), converter=_pairs, kw_only=True)
 
 
 @frozen
-class Spec:
+class CdiSpec:
     cdi_version: str
     kind: str
-    devices: tuple[Device, ...] = field(converter=tuple[Device, ...])
-    container_edits: ContainerEdits = ContainerEdits()
+    devices: tuple[CdiDevice, ...] = field(converter=tuple[CdiDevice, ...])
+    container_edits: CdiContainerEdits = CdiContainerEdits()
     annotations: tuple[tuple[str, str], ...] = field(default=(), converter=_pairs, kw_only=True)
 
     def device_names(self) -> tuple[str, ...]:
@@ -112,8 +112,8 @@ class Spec:
 _KEYS = {"cdi_version": "cdiVersion", "clos_id": "closID", "additional_gids": "additionalGids"}
 # Order of keys in the JSON, as the reference library marshals them (Go struct field order).
 _JSON_ORDER = {
-    Spec: ("cdi_version", "kind", "annotations", "devices", "container_edits"),
-    Device: ("name", "annotations", "container_edits"),
+    CdiSpec: ("cdi_version", "kind", "annotations", "devices", "container_edits"),
+    CdiDevice: ("name", "annotations", "container_edits"),
 }
 
 
@@ -135,7 +135,7 @@ def _make_converter() -> Any:
     from cattrs.gen import make_dict_structure_fn, override
 
     conv = cattrs.Converter(forbid_extra_keys=True)
-    for cls in (DeviceNode, Mount, Hook, IntelRdt, NetDevice, ContainerEdits, Device, Spec):
+    for cls in (CdiDeviceNode, CdiMount, CdiHook, CdiIntelRdt, CdiNetDevice, CdiContainerEdits, CdiDevice, CdiSpec):
         renames = {
             a.name: override(rename=json_key(a.name), struct_hook=_structure_pairs if a.name == "annotations" else None)
             for a in fields(cls)
@@ -177,7 +177,7 @@ def _plan(cls: type) -> _Plan:
     return plan
 
 
-_CLASSES = frozenset((DeviceNode, Mount, Hook, IntelRdt, NetDevice, ContainerEdits, Device, Spec))
+_CLASSES = frozenset((CdiDeviceNode, CdiMount, CdiHook, CdiIntelRdt, CdiNetDevice, CdiContainerEdits, CdiDevice, CdiSpec))
 
 
 def _unstructure(obj: Any) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def _unstructure(obj: Any) -> dict[str, Any]:
     return out
 
 
-def to_dict(spec: Spec) -> dict[str, Any]:
+def to_dict(spec: CdiSpec) -> dict[str, Any]:
     """The spec's JSON object (an empty spec-level ``containerEdits`` is left out, as Go does)."""
     return _unstructure(spec)
 
@@ -206,7 +206,7 @@ def to_dict(spec: Spec) -> dict[str, Any]:
 _BETWEEN_DEVICES = ', {"name": '
 
 
-def to_json(spec: Spec, data: Mapping[str, Any] | None = None) -> bytes:
+def to_json(spec: CdiSpec, data: Mapping[str, Any] | None = None) -> bytes:
     """The bytes cdiplug writes: a JSON object with a key per line, one device per line.
 
     Keys in the reference order, each value compact (the C encoder: indenting takes Python's
@@ -227,18 +227,18 @@ def to_json(spec: Spec, data: Mapping[str, Any] | None = None) -> bytes:
     return ("{\n" + ",\n".join(parts) + "\n}\n").encode()
 
 
-def from_dict(data: Mapping[str, Any]) -> Spec:
+def from_dict(data: Mapping[str, Any]) -> CdiSpec:
     """Structure a spec's JSON; raises CdiError on unknown keys or wrong types (no name checks)."""
     converter = _structurer()
     import cattrs  # imported by _structurer already
 
     try:
-        return converter.structure(dict(data), Spec)  # type: ignore[no-any-return]
+        return converter.structure(dict(data), CdiSpec)  # type: ignore[no-any-return]
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
         raise CdiError(f"not a CDI spec: {exc}") from exc
 
 
-def from_json(text: str | bytes) -> Spec:
+def from_json(text: str | bytes) -> CdiSpec:
     try:
         data = json.loads(text)
     except ValueError as exc:

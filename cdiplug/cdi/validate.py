@@ -52,24 +52,24 @@ class Problem:
 # The JSON type of every field: "str", "bool", "uint32", "int64", "strs" (list of strings),
 # "uint32s", "map" (string to string), or a class of cdiplug.cdi.spec / a list of one ([cls]).
 _FIELDS: dict[type, dict[str, Any]] = {
-    cdispec.Spec: {
+    cdispec.CdiSpec: {
         "cdiVersion": "str",
         "kind": "str",
         "annotations": "map",
-        "devices": [cdispec.Device],
-        "containerEdits": cdispec.ContainerEdits,
+        "devices": [cdispec.CdiDevice],
+        "containerEdits": cdispec.CdiContainerEdits,
     },
-    cdispec.Device: {"name": "str", "annotations": "map", "containerEdits": cdispec.ContainerEdits},
-    cdispec.ContainerEdits: {
+    cdispec.CdiDevice: {"name": "str", "annotations": "map", "containerEdits": cdispec.CdiContainerEdits},
+    cdispec.CdiContainerEdits: {
         "env": "strs",
-        "deviceNodes": [cdispec.DeviceNode],
-        "netDevices": [cdispec.NetDevice],
-        "hooks": [cdispec.Hook],
-        "mounts": [cdispec.Mount],
-        "intelRdt": cdispec.IntelRdt,
+        "deviceNodes": [cdispec.CdiDeviceNode],
+        "netDevices": [cdispec.CdiNetDevice],
+        "hooks": [cdispec.CdiHook],
+        "mounts": [cdispec.CdiMount],
+        "intelRdt": cdispec.CdiIntelRdt,
         "additionalGids": "uint32s",
     },
-    cdispec.DeviceNode: {
+    cdispec.CdiDeviceNode: {
         "path": "str",
         "hostPath": "str",
         "type": "str",
@@ -80,24 +80,24 @@ _FIELDS: dict[type, dict[str, Any]] = {
         "uid": "uint32",
         "gid": "uint32",
     },
-    cdispec.Mount: {"hostPath": "str", "containerPath": "str", "options": "strs", "type": "str"},
-    cdispec.Hook: {"hookName": "str", "path": "str", "args": "strs", "env": "strs", "timeout": "uint32"},
-    cdispec.IntelRdt: {
+    cdispec.CdiMount: {"hostPath": "str", "containerPath": "str", "options": "strs", "type": "str"},
+    cdispec.CdiHook: {"hookName": "str", "path": "str", "args": "strs", "env": "strs", "timeout": "uint32"},
+    cdispec.CdiIntelRdt: {
         "closID": "str",
         "l3CacheSchema": "str",
         "memBwSchema": "str",
         "schemata": "strs",
         "enableMonitoring": "bool",
     },
-    cdispec.NetDevice: {"hostInterfaceName": "str", "name": "str"},
+    cdispec.CdiNetDevice: {"hostInterfaceName": "str", "name": "str"},
 }
 _REQUIRED: dict[type, tuple[str, ...]] = {
-    cdispec.Spec: ("cdiVersion", "kind", "devices"),
-    cdispec.Device: ("name", "containerEdits"),
-    cdispec.DeviceNode: ("path",),
-    cdispec.Mount: ("hostPath", "containerPath"),
-    cdispec.Hook: ("hookName", "path"),
-    cdispec.NetDevice: ("hostInterfaceName", "name"),
+    cdispec.CdiSpec: ("cdiVersion", "kind", "devices"),
+    cdispec.CdiDevice: ("name", "containerEdits"),
+    cdispec.CdiDeviceNode: ("path",),
+    cdispec.CdiMount: ("hostPath", "containerPath"),
+    cdispec.CdiHook: ("hookName", "path"),
+    cdispec.CdiNetDevice: ("hostInterfaceName", "name"),
 }
 for _cls, _table in _FIELDS.items():  # the tables must follow the model's JSON keys exactly
     assert set(_table) == set(cdispec.json_keys(_cls)), _cls
@@ -174,7 +174,7 @@ class _Checker:
 
     # --- meaning (on a document whose types are right) ------------------------------------------
 
-    def spec(self, raw: Mapping[str, Any], model: cdispec.Spec | None = None) -> None:
+    def spec(self, raw: Mapping[str, Any], model: cdispec.CdiSpec | None = None) -> None:
         kind = raw["kind"]
         problem = kind_problem(kind)
         if problem:
@@ -196,12 +196,12 @@ class _Checker:
             seen.setdefault(name, i)
             self.annotations(dev.get("annotations", {}), f"{at}.annotations")
             edits = dev["containerEdits"]
-            if not any(edits.get(k) for k in _FIELDS[cdispec.ContainerEdits]):
+            if not any(edits.get(k) for k in _FIELDS[cdispec.CdiContainerEdits]):
                 self.problem(f"{at}.containerEdits", f"device {name!r} has empty container edits")
             self.edits(edits, f"{at}.containerEdits")
         self.version(raw, model)
 
-    def version(self, raw: Mapping[str, Any], model: cdispec.Spec | None = None) -> None:
+    def version(self, raw: Mapping[str, Any], model: cdispec.CdiSpec | None = None) -> None:
         """``model``: the spec ``raw`` was made from, when there is one (no need to structure it again)."""
         declared = raw["cdiVersion"]
         if not cdiversion.is_known(declared):
@@ -209,7 +209,7 @@ class _Checker:
             return
         if model is None:
             try:
-                model = cdispec.from_dict(_known_only(raw, cdispec.Spec))
+                model = cdispec.from_dict(_known_only(raw, cdispec.CdiSpec))
             except CdiError as exc:  # types were checked above; this guards a gap between the two
                 self.problem("$", str(exc))
                 return
@@ -357,16 +357,16 @@ def _strict_loader() -> Any:
     return _StrictLoader
 
 
-def check_document(data: Any, file: str = "<spec>", model: cdispec.Spec | None = None) -> list[Problem]:
+def check_document(data: Any, file: str = "<spec>", model: cdispec.CdiSpec | None = None) -> list[Problem]:
     """Every problem of an already-parsed spec document (``model``: the spec it was made from)."""
     checker = _Checker()
-    checker.obj(data, cdispec.Spec, "$")
+    checker.obj(data, cdispec.CdiSpec, "$")
     if not checker.type_errors:
         checker.spec(data, model)
     return [Problem(file, path, message) for path, message in checker.found]
 
 
-def check_spec(spec: cdispec.Spec, file: str = "<spec>") -> list[Problem]:
+def check_spec(spec: cdispec.CdiSpec, file: str = "<spec>") -> list[Problem]:
     """Every problem of a spec we built (its JSON form checked, its versions from the spec itself)."""
     return check_document(cdispec.to_dict(spec), file, spec)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from cdiplug.cdi.spec import ContainerEdits, Spec
+from cdiplug.cdi.spec import CdiContainerEdits, CdiSpec
 
 KNOWN_VERSIONS: tuple[str, ...] = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 EARLIEST = "0.3.0"
@@ -36,13 +36,13 @@ def is_known(version: str) -> bool:
     return version in KNOWN_VERSIONS
 
 
-def _all_edits(spec: Spec) -> Iterator[ContainerEdits]:
+def _all_edits(spec: CdiSpec) -> Iterator[CdiContainerEdits]:
     yield spec.container_edits
     for d in spec.devices:
         yield d.container_edits
 
 
-def requirements(spec: Spec) -> Iterator[tuple[str, str]]:
+def requirements(spec: CdiSpec) -> Iterator[tuple[str, str]]:
     """Every ``(version, reason)`` the content needs beyond the 0.3.0 floor (for messages)."""
     for i, edits in enumerate(_all_edits(spec)):
         where = "containerEdits" if i == 0 else f"devices[{i - 1}].containerEdits"
@@ -70,6 +70,6 @@ def requirements(spec: Spec) -> Iterator[tuple[str, str]]:
         yield "0.6.0", f"a '.' in the class of kind {spec.kind!r}"
 
 
-def minimal_version(spec: Spec) -> str:
+def minimal_version(spec: CdiSpec) -> str:
     """The lowest cdiVersion that can express ``spec`` (its own ``cdi_version`` is ignored)."""
     return max((v for v, _ in requirements(spec)), key=parse, default=EARLIEST)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from cdiplug.backend import SizedOptions
-from cdiplug.frontend import MAX_SOCKET_PATH, FrontEndParts, FrontEndTypeBase, Latest, Problem, socket_problem
+from cdiplug.frontend import MAX_SOCKET_PATH, FrontEndParts, FrontEndTypeBase, Latest, ResourceProblem, socket_problem
 from cdiplug.models.devices import DEFAULT_ALLOCATE, AllocatePart, HealthCause
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
@@ -90,17 +90,17 @@ def list_and_watch_problem(resource: str, options: Any, replicas: int) -> str | 
     )
 
 
-def _problem(rc: ResourceConfig[object]) -> Problem | None:
+def _problem(rc: ResourceConfig[object]) -> ResourceProblem | None:
     s = settings_of(rc)
     if s.replicas < 1:
-        return Problem(rc.name, "replicas", f"replicas must be at least 1, got {s.replicas}")
+        return ResourceProblem(rc.name, "replicas", f"replicas must be at least 1, got {s.replicas}")
     if s.replicas > MAX_REPLICAS:
-        return Problem(rc.name, "replicas", f"replicas must be at most {MAX_REPLICAS:,}, got {s.replicas:,}")
+        return ResourceProblem(rc.name, "replicas", f"replicas must be at most {MAX_REPLICAS:,}, got {s.replicas:,}")
     if not s.allocate:
-        return Problem(rc.name, "allocate", "allocate must name at least one part")
+        return ResourceProblem(rc.name, "allocate", "allocate must name at least one part")
     problem = list_and_watch_problem(rc.name, rc.options, s.replicas)
     if problem:
-        return Problem(rc.name, "replicas" if s.replicas > 1 else "options", problem)
+        return ResourceProblem(rc.name, "replicas" if s.replicas > 1 else "options", problem)
     return None
 
 
@@ -116,23 +116,23 @@ class DevicePluginApi(FrontEndTypeBase):
     host_specs = True
     hold_cause = HELD
 
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[ResourceProblem]:
         for rc in resources:
             if (problem := _problem(rc)) is not None:
                 yield problem
 
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[ResourceProblem]:
         temp = len(str(world.kubelet_dir).encode()) + 1 + _TEMP_SOCKET_NAME
         for rc in resources:
             if temp > MAX_SOCKET_PATH:
-                yield Problem(
+                yield ResourceProblem(
                     rc.name,
                     "name",
                     f"the kubelet folder {str(world.kubelet_dir)[:120]!r} is too long for unix sockets in it "
                     f"({temp} bytes with cdiplug's temporary socket name; at most {MAX_SOCKET_PATH})",
                 )
             elif (problem := socket_problem(world.kubelet_dir / rc.socket_name)) is not None:
-                yield Problem(rc.name, "name", problem)
+                yield ResourceProblem(rc.name, "name", problem)
 
     async def holding(
         self, resources: Sequence[ResourceConfig[object]], world: World, latest: Latest, *, at_start: bool

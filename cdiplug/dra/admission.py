@@ -45,7 +45,7 @@ ClassReader = Callable[[str], Awaitable[Mapping[str, Any]]]
 
 
 @frozen
-class _Entry:
+class _ConfigEntry:
     driver: str
     requests: tuple[str, ...]
     parameters: Mapping[str, Any]
@@ -62,7 +62,7 @@ def _depth(value: Any, depth: int = 1) -> int:
     return depth
 
 
-def _entries(config: Any, path: str, drivers: Mapping[str, Driver], where: str) -> list[_Entry]:
+def _entries(config: Any, path: str, drivers: Mapping[str, Driver], where: str) -> list[_ConfigEntry]:
     """The opaque entries of ``config`` (a ``config`` list) that name one of ``drivers``."""
     out = []
     for i, entry in enumerate(config if isinstance(config, list) else ()):
@@ -79,7 +79,7 @@ def _entries(config: Any, path: str, drivers: Mapping[str, Driver], where: str) 
         if _depth(params) > MAX_DEPTH:
             raise InvalidRequest(f"nests deeper than {MAX_DEPTH} levels @ {at} {where}")
         requests = entry.get("requests") or ()
-        out.append(_Entry(opaque["driver"], tuple(str(r) for r in requests), params))
+        out.append(_ConfigEntry(opaque["driver"], tuple(str(r) for r in requests), params))
     return out
 
 
@@ -99,7 +99,7 @@ def _requests(devices: Mapping[str, Any]) -> list[tuple[str, str | None]]:
     return out
 
 
-def _configurable(drivers: Mapping[str, Driver], entry: _Entry, count: int, where: str) -> ClaimConfigurable[Any]:
+def _configurable(drivers: Mapping[str, Driver], entry: _ConfigEntry, count: int, where: str) -> ClaimConfigurable[Any]:
     driver = drivers[entry.driver]
     if driver.configurable is None:
         raise InvalidRequest(
@@ -110,7 +110,7 @@ def _configurable(drivers: Mapping[str, Driver], entry: _Entry, count: int, wher
 
 
 def _check(
-    entries: Sequence[_Entry], drivers: Mapping[str, Driver], ref: ClaimRef, request: str, where: str, merged: bool
+    entries: Sequence[_ConfigEntry], drivers: Mapping[str, Driver], ref: ClaimRef, request: str, where: str, merged: bool
 ) -> None:
     """Each entry decoded on its own; with ``merged``, each driver's entries merged and checked
     across fields, as the prepare of a device serving ``request`` does."""
@@ -125,7 +125,7 @@ def _check(
             decode(merge([e.parameters for e in mine]), config_type, kind, ref, request, check_type=False, where=where)
 
 
-async def _class_entries(name: str | None, drivers: Mapping[str, Driver], read_class: ClassReader | None) -> list[_Entry]:
+async def _class_entries(name: str | None, drivers: Mapping[str, Driver], read_class: ClassReader | None) -> list[_ConfigEntry]:
     if not name or read_class is None:
         return []
     try:

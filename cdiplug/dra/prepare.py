@@ -36,7 +36,7 @@ as a DRA driver:
 What a claim means is planned once (:class:`~cdiplug.dra.plan.ClaimPlan`, every check that can
 fail it before anything is touched) and carried out by :func:`~cdiplug.dra.plan.materialize`,
 the one step a prepare and a restore share; the claim's status is written by
-:class:`~cdiplug.dra.status.StatusWriter`.
+:class:`~cdiplug.dra.statuswriter.StatusWriter`.
 
 Why roll back at start rather than after a grace period: a started claim was never answered as
 prepared, so no container holds its devices and releasing them is safe; the kubelet retries an
@@ -75,6 +75,7 @@ from cdiplug.dra.plan import ClaimPlan, Planner, materialize, no_step, read_clai
 from cdiplug.dra.restore import Restorer
 from cdiplug.dra.rollback import Step, undo
 from cdiplug.dra.settings import driver_of, settings_of
+from cdiplug.dra.statuswriter import StatusWriter
 from cdiplug.errors import DeviceUnavailable, InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
@@ -131,7 +132,7 @@ class ClaimPreparer(ClaimHandler):
         self.boot_id = boot_id
         self.instance = instance  # our pod UID, recorded as the owner of what we start preparing
         self._locks: KeyedLock[str] = KeyedLock()
-        self._status = status.StatusWriter(client, self.driver)
+        self._status = StatusWriter(client, self.driver)
         self._restorer = Restorer(store, self.driver, self.cdi_dir, boot_id, self._locks, self._respec)
         self._drain = Drain(store, self.driver)
         self._known = asyncio.Event()  # set by devices_known(): the backend has reported
@@ -239,7 +240,7 @@ class ClaimPreparer(ClaimHandler):
         return await materialize(plan, preparations, self._configurable(), self.cdi_dir, step)
 
     def _write_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        """Our entries of the claim's ``status.devices`` (KEP-4817), in the background (:class:`~.status.StatusWriter`)."""
+        """Our entries of the claim's ``status.devices`` (KEP-4817), in the background (:class:`~.statuswriter.StatusWriter`)."""
         self._status.write(ref.namespace, ref.name, ref.uid, entries)
 
     async def status_settled(self) -> None:

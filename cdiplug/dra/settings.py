@@ -21,7 +21,7 @@ import attrs
 from attrs import frozen
 
 from cdiplug.backend import BackendPlugin
-from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, Problem, socket_problem
+from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, ResourceProblem, socket_problem
 from cdiplug.models.devices import HealthCause
 from cdiplug.models.names import dns_label_for, is_dns_subdomain
 from cdiplug.models.resource import ResourceConfig
@@ -106,21 +106,21 @@ class DraApi(FrontEndTypeBase):
         driver = plugin.default_dra_driver(resource) if plugin.default_dra_driver else default_dra_driver(resource)
         return attrs.evolve(settings, dra_driver=driver)
 
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[ResourceProblem]:
         seen: dict[str, str] = {}
         for rc in resources:
             driver = driver_of(rc)
             if (problem := dra_driver_problem(driver)) is not None:
-                yield Problem(rc.name, "dra_driver", problem)
+                yield ResourceProblem(rc.name, "dra_driver", problem)
             elif driver in seen:
-                yield Problem(rc.name, "dra_driver", f"DRA driver {driver!r} is already used by {seen[driver]}")
+                yield ResourceProblem(rc.name, "dra_driver", f"DRA driver {driver!r} is already used by {seen[driver]}")
             seen.setdefault(driver, rc.name)
 
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[ResourceProblem]:
         for rc in resources:
             for path in socket_paths(world, driver_of(rc)):
                 if (problem := socket_problem(path)) is not None:
-                    yield Problem(rc.name, "dra_driver", problem)
+                    yield ResourceProblem(rc.name, "dra_driver", problem)
                     break
 
     async def holding(

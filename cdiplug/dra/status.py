@@ -146,32 +146,3 @@ async def publish(
     except Exception as exc:  # a status is never worth a failed prepare
         log.warning("%s: cannot %s the device status of claim %s/%s: %r", driver, what, namespace, name, exc)
     return False
-
-
-class StatusWriter:
-    """A driver's claim status writes: in the background, so that the kubelet's answer never waits
-    for the API server; in order per claim (a clear never overtakes the write before it); a
-    failure is logged (:func:`publish`)."""
-
-    def __init__(self, client: Callable[[], KubeClient], driver: str) -> None:
-        self.client = client
-        self.driver = driver
-        self._last: dict[str, asyncio.Task[None]] = {}  # the last write per claim UID
-
-    def write(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
-        """Make our entries of the claim's ``status.devices`` exactly ``entries``, after the writes before."""
-        previous = self._last.get(uid)
-
-        async def write() -> None:
-            if previous is not None:
-                await asyncio.gather(previous, return_exceptions=True)
-            await publish(self.client, self.driver, namespace, name, uid, entries)
-
-        task = asyncio.create_task(write(), name=f"dra-status:{self.driver}:{uid}")
-        self._last[uid] = task
-        task.add_done_callback(lambda t: self._last.pop(uid) if self._last.get(uid) is t else None)
-
-    async def settled(self) -> None:
-        """Until every write begun so far has ended (tests; a clean stop)."""
-        while self._last:
-            await asyncio.gather(*self._last.values(), return_exceptions=True)

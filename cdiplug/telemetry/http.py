@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 
-class Metrics(Protocol):
+class MetricsSource(Protocol):
     """What the HTTP side reads of :class:`cdiplug.telemetry.metrics.Metrics` (which serves through this)."""
 
     registry: CollectorRegistry
@@ -99,7 +99,7 @@ class MetricsServer:
 
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: MetricsSource,
         host: str,
         port: int,
         *,

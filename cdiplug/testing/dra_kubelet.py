@@ -34,6 +34,7 @@ from cdiplug.api import (
 )
 from cdiplug.api import pluginregistration_v1_pb2 as reg_pb
 from cdiplug.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from cdiplug.dra.claims import ClaimRef as ClaimRef  # the kubelet names claims as the driver reads them
 from cdiplug.errors import CdiplugError
 from cdiplug.toolkit.filewatch import FolderWatch
 
@@ -65,14 +66,9 @@ class RegistrationRefused(CdiplugError):
 
 
 @frozen
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
+class AnsweredDevice:
+    """One device of a claim as the driver answered it."""
 
-
-@frozen
-class PreparedDevice:
     request_names: tuple[str, ...]
     pool: str
     device: str
@@ -83,7 +79,7 @@ class PreparedDevice:
 class ClaimResult:
     """The driver's answer for one claim: its devices, or its error."""
 
-    devices: tuple[PreparedDevice, ...] = ()
+    devices: tuple[AnsweredDevice, ...] = ()
     error: str = ""
 
 
@@ -119,7 +115,7 @@ class DraPluginConnection:
         return {
             uid: ClaimResult(
                 devices=tuple(
-                    PreparedDevice(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids)) for d in r.devices
+                    AnsweredDevice(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids)) for d in r.devices
                 ),
                 error=r.error,
             )

@@ -52,7 +52,7 @@ from cdiplug.testing.kubelet_records import (
     PluginOptions,  # noqa: F401 - re-exported
     PodPhase,
     PodResult,
-    Registration,
+    RegistrationRecord,
 )
 from cdiplug.testing.kubelet_rules import API_VERSION, is_extended_resource_name, pick_devices, register_problem  # noqa: F401 - re-exported
 
@@ -95,7 +95,7 @@ class KubeletStandIn:
         self._endpoints: dict[str, PluginConnection] = {}
         self._devices: dict[str, dict[str, Device]] = {}
         self._pods: dict[str, PodResult] = {}
-        self._registrations: list[Registration] = []
+        self._registrations: list[RegistrationRecord] = []
         self._events: collections.deque[Event] = collections.deque(maxlen=10_000)
         self._changed = asyncio.Event()
         self._admit_lock = asyncio.Lock()
@@ -209,7 +209,7 @@ class KubeletStandIn:
                 self._devices[resource][device_id] = attrs.evolve(device, health=Health.UNHEALTHY)
             self._record("disconnected", resource, reason)
 
-    def _set_registration(self, endpoint: PluginConnection, registration: Registration) -> None:
+    def _set_registration(self, endpoint: PluginConnection, registration: RegistrationRecord) -> None:
         index = next(i for i, r in enumerate(self._registrations) if r is endpoint.registration)
         self._registrations[index] = endpoint.registration = registration
 
@@ -220,13 +220,13 @@ class KubeletStandIn:
         endpoint = self._endpoints.get(resource)
         return endpoint is not None and endpoint.registration.listed_at is not None
 
-    def registration(self, resource: str) -> Registration | None:
+    def registration(self, resource: str) -> RegistrationRecord | None:
         """The current registration of ``resource``, or None."""
         endpoint = self._endpoints.get(resource)
         return endpoint.registration if endpoint is not None else None
 
     @property
-    def registrations(self) -> tuple[Registration, ...]:
+    def registrations(self) -> tuple[RegistrationRecord, ...]:
         """Every accepted registration since this stand-in was made, oldest first."""
         return tuple(self._registrations)
 
@@ -291,7 +291,7 @@ class KubeletStandIn:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
-    async def wait_registered(self, resource: str, timeout: float = 5.0) -> Registration:
+    async def wait_registered(self, resource: str, timeout: float = 5.0) -> RegistrationRecord:
         """Wait until ``resource`` is registered and has sent its device list."""
         await self.wait_until(lambda: self.is_registered(resource), timeout, f"{resource} to register")
         return self._endpoints[resource].registration

@@ -22,13 +22,13 @@ import grpc
 from cdiplug.api import deviceplugin_v1beta1_pb2 as pb
 from cdiplug.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from cdiplug.models.devices import ContainerAllocation, Device, DeviceNode, Health, Mount
-from cdiplug.testing.kubelet_records import PluginOptions, Registration
+from cdiplug.testing.kubelet_records import PluginOptions, RegistrationRecord
 
 
 class PluginConnection:
     """The connection to one registered plugin: channel, stub, options, ListAndWatch task."""
 
-    def __init__(self, registration: Registration, channel: grpc.aio.Channel, stub: pb_grpc.DevicePluginStub) -> None:
+    def __init__(self, registration: RegistrationRecord, channel: grpc.aio.Channel, stub: pb_grpc.DevicePluginStub) -> None:
         self.registration = registration
         self.channel = channel
         self.stub = stub
@@ -79,7 +79,7 @@ async def dial(
     except BaseException:
         await channel.close(grace=None)
         raise
-    registration = Registration(
+    registration = RegistrationRecord(
         request.resource_name,
         request.endpoint,
         request.version,

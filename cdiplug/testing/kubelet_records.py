@@ -1,6 +1,6 @@
 """What the kubelet stand-in reports, as frozen values: registrations, events and pod results.
 
-:class:`Registration` (with the :class:`PluginOptions` a plugin announced) records one accepted
+:class:`RegistrationRecord` (with the :class:`PluginOptions` a plugin announced) records one accepted
 Register call, :class:`Event` one thing the stand-in saw, and :class:`PodResult` (with one
 :class:`ContainerResult` per container and its :class:`PodPhase`) what happened to a pod.
 ``cdiplug.testing.kubelet`` makes them and re-exports them; nothing here talks gRPC.
@@ -32,7 +32,7 @@ class PluginOptions:
 
 
 @frozen
-class Registration:
+class RegistrationRecord:
     """One accepted Register call. Times (``time.monotonic()``): ``received_at`` the call arrived,
     ``connected_at`` the plugin was dialed and answered GetDevicePluginOptions (Register then
     returns), ``listed_at`` its first ListAndWatch list arrived (None until then)."""

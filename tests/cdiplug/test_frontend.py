@@ -31,7 +31,7 @@ from cdiplug.config import check_against, load_config, parse_config
 from cdiplug.daemon import Daemon
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import ConfigError
-from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, Problem, changes
+from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, ResourceProblem, changes
 from cdiplug.models.devices import DeviceSnapshot, Health, HealthCause
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
@@ -116,16 +116,16 @@ class EchoApi(FrontEndTypeBase):
     def settle(self, settings: EchoSettings, resource: str, plugin: Any) -> EchoSettings:
         return settings if settings.voice else attrs.evolve(settings, voice=resource.partition("/")[2])
 
-    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[Problem]:
+    def check(self, resources: Sequence[ResourceConfig[object]]) -> Iterator[ResourceProblem]:
         for r in resources:
             assert isinstance(r.settings, EchoSettings)
             if r.settings.replicas > 3:
-                yield Problem(r.name, "replicas", f"echo repeats at most 3 times, got {r.settings.replicas}")
+                yield ResourceProblem(r.name, "replicas", f"echo repeats at most 3 times, got {r.settings.replicas}")
 
-    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[Problem]:
+    def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[ResourceProblem]:
         for r in resources:
             if len(str(world.kubelet_dir / r.socket_name)) > 50:
-                yield Problem(r.name, "name", "too long for echo")
+                yield ResourceProblem(r.name, "name", "too long for echo")
 
     async def holding(
         self, resources: Sequence[ResourceConfig[object]], world: World, latest: Latest, *, at_start: bool

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from cdiplug.cdi.build import build_spec
 from cdiplug.cdi.spec import (
-    ContainerEdits,
-    Device,
-    DeviceNode,
-    Hook,
-    IntelRdt,
-    Mount,
-    NetDevice,
-    Spec,
+    CdiContainerEdits,
+    CdiDevice,
+    CdiDeviceNode,
+    CdiHook,
+    CdiIntelRdt,
+    CdiMount,
+    CdiNetDevice,
+    CdiSpec,
     from_dict,
     from_json,
     to_dict,
@@ -30,18 +30,18 @@ from cdiplug.errors import CdiError
 from cdiplug.models import devices as model
 from cdiplug.models.names import cdi_device_name
 
-FULL = Spec(
+FULL = CdiSpec(
     cdi_version="1.1.0",
     kind="example.com/fpga",
     annotations={"example.com/owner": "cdiplug"},
     devices=[
-        Device(
+        CdiDevice(
             name="fpga-0",
             annotations={"note": "first"},
-            container_edits=ContainerEdits(
+            container_edits=CdiContainerEdits(
                 env=["A=1"],
                 device_nodes=[
-                    DeviceNode(
+                    CdiDeviceNode(
                         "/dev/f0",
                         host_path="/srv/f0",
                         type="c",
@@ -53,17 +53,17 @@ FULL = Spec(
                         gid=44,
                     )
                 ],
-                net_devices=[NetDevice(host_interface_name="eth3", name="net0")],
-                hooks=[Hook("createContainer", "/usr/bin/hook", args=["hook", "x"], env=["H=1"], timeout=5)],
-                mounts=[Mount("/srv/lib", "/lib/x", options=["ro", "bind"], type="bind")],
-                intel_rdt=IntelRdt(
+                net_devices=[CdiNetDevice(host_interface_name="eth3", name="net0")],
+                hooks=[CdiHook("createContainer", "/usr/bin/hook", args=["hook", "x"], env=["H=1"], timeout=5)],
+                mounts=[CdiMount("/srv/lib", "/lib/x", options=["ro", "bind"], type="bind")],
+                intel_rdt=CdiIntelRdt(
                     clos_id="c1", l3_cache_schema="L3:0=f", mem_bw_schema="MB:0=50", schemata=["L2:0=3"], enable_monitoring=True
                 ),
                 additional_gids=[44, 45],
             ),
         )
     ],
-    container_edits=ContainerEdits(env=["COMMON=1"]),
+    container_edits=CdiContainerEdits(env=["COMMON=1"]),
 )
 
 
@@ -110,8 +110,10 @@ def test_round_trip() -> None:
 
 
 def test_empty_fields_are_left_out() -> None:
-    minimal = Spec(
-        cdi_version="0.3.0", kind="example.com/fpga", devices=[Device("d0", ContainerEdits(device_nodes=[DeviceNode("/dev/x")]))]
+    minimal = CdiSpec(
+        cdi_version="0.3.0",
+        kind="example.com/fpga",
+        devices=[CdiDevice("d0", CdiContainerEdits(device_nodes=[CdiDeviceNode("/dev/x")]))],
     )
     assert to_dict(minimal) == {
         "cdiVersion": "0.3.0",
@@ -122,7 +124,7 @@ def test_empty_fields_are_left_out() -> None:
 
 
 def test_a_device_always_has_its_container_edits_key() -> None:
-    data = to_dict(Spec(cdi_version="0.3.0", kind="ab/cd", devices=[Device("d", ContainerEdits())]))
+    data = to_dict(CdiSpec(cdi_version="0.3.0", kind="ab/cd", devices=[CdiDevice("d", CdiContainerEdits())]))
     assert data["devices"][0]["containerEdits"] == {}
 
 
@@ -152,12 +154,12 @@ def test_build_spec(fpga_snapshot: model.DeviceSnapshot, schema_errors) -> None:
     assert spec.kind == "example.com/fpga"
     assert spec.cdi_version == "0.5.0"  # hostPath on the device nodes
     assert spec.device_names() == ("fpga-0", "fpga-1", "fpga-2")
-    assert spec.container_edits == ContainerEdits(env=["FPGA_DRIVER=fake"])
+    assert spec.container_edits == CdiContainerEdits(env=["FPGA_DRIVER=fake"])
     dev = spec.devices[1]
     assert dev.container_edits.env == ("FPGA_1=fpga-1",)
-    assert dev.container_edits.device_nodes == (DeviceNode("/dev/fpga1", host_path="/srv/dev/fpga1", permissions="rw"),)
+    assert dev.container_edits.device_nodes == (CdiDeviceNode("/dev/fpga1", host_path="/srv/dev/fpga1", permissions="rw"),)
     # read-only bind mounts say so in their options, without a type (a type would need 0.4.0)
-    assert dev.container_edits.mounts == (Mount("/srv/fw/1", "/fw/1", options=["ro", "bind"]),)
+    assert dev.container_edits.mounts == (CdiMount("/srv/fw/1", "/fw/1", options=["ro", "bind"]),)
     assert schema_errors(to_dict(spec)) == []
     assert check_spec(spec) == []
 

@@ -28,8 +28,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from cdiplug.dra import checkpoint
+from cdiplug.dra import checkpoint, records
 from cdiplug.dra.checkpoint import (
+    CheckpointFile,
     ClaimState,
     ClaimStore,
     PreparedClaim,
@@ -305,3 +306,28 @@ async def test_a_failed_write_fails_every_change_in_it(tmp_path: Path) -> None:
     results = await asyncio.gather(*(store.put(attrs.evolve(PREPARED, uid=f"u{i}")) for i in range(3)), return_exceptions=True)
     assert all(isinstance(r, StateFileError) for r in results), results
     assert store.all() == []
+
+
+def test_a_change_renders_and_reads_only_what_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With many claims held a change costs one claim's rendering, and a file this process wrote
+    is not decoded again; a file the other daemon wrote is."""
+    rendered: list[str] = []
+    decoded: list[int] = []
+    record, decode = records._record, checkpoint.decode
+    monkeypatch.setattr(records, "_record", lambda c: rendered.append(c.uid) or record(c))
+    monkeypatch.setattr(checkpoint, "decode", lambda text: decoded.append(1) or decode(text))
+    ours, theirs = CheckpointFile(tmp_path / "dra-claims.json"), CheckpointFile(tmp_path / "dra-claims.json")
+    claims = {c.uid: c for c in (_claim(n, "a") for n in range(50))}
+    ours.save(claims)
+    assert len(rendered) == 50 and (tmp_path / "dra-claims.json").read_bytes().count(b"\n") == 52  # a claim a line
+    rendered.clear()
+
+    def complete_one(claims: dict[str, PreparedClaim]) -> bool:
+        claims["a-0007"] = attrs.evolve(claims["a-0007"], state=ClaimState.COMPLETED)
+        return True
+
+    changed = ours.locked_change(complete_one, True)
+    assert rendered == ["a-0007"] and decoded == []
+    assert render(changed) == (tmp_path / "dra-claims.json").read_bytes()  # the same file as rendered afresh
+    theirs.locked_change(lambda c: c.pop("a-0001", None) is not None, True)
+    assert decoded == [1] and "a-0001" not in ours.load() and len(decoded) == 2

@@ -6,7 +6,8 @@ attributes, versions as strings, NUMA nodes, device-node host paths such as the 
 device); data too large for the API server is cut to the ID; the apply body (UID precondition, no
 devices key when clearing); publish applies with the driver's own field manager and never raises
 (a refused write, an unanswered one within its bound, a client without the call), and treats a
-claim already gone as cleared.
+claim already gone as cleared; a driver's background writes are bounded in number, in order per
+claim, and one still waiting is replaced by a newer one of its claim.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cdiplug.dra import status
+from cdiplug.dra import status, statuswriter
 from cdiplug.errors import KubernetesError
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, Version
 
@@ -124,3 +125,35 @@ async def test_clearing_a_claim_that_is_gone_is_done() -> None:
     assert await status.publish(lambda: gone, "d.example.com", "ns", "c", "u", [])  # type: ignore[arg-type,return-value]
     entry = [status.device_status("d.example.com", "n1", "dev", Device("dev"))]
     assert not await status.publish(lambda: gone, "d.example.com", "ns", "c", "u", entry)  # type: ignore[arg-type,return-value]
+
+
+async def test_status_writes_are_bounded_in_order_and_a_waiting_one_is_replaced() -> None:
+    class Gated(Client):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.full = asyncio.Event(), asyncio.Event()
+            self.busy = self.most = 0
+
+        async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+            self.busy += 1
+            self.most = max(self.most, self.busy)
+            if self.busy == statuswriter.WRITERS:
+                self.full.set()
+            await self.gate.wait()
+            self.busy -= 1
+            return await super().apply_claim_status(namespace, name, body, manager)
+
+    client = Gated()
+    writer = statuswriter.StatusWriter(lambda: client, "d.example.com")  # type: ignore[arg-type,return-value]
+    entry = [status.device_status("d.example.com", "n1", "dev", Device("dev"))]
+    claims = [f"c{i}" for i in range(statuswriter.WRITERS + 3)]
+    for name in claims:
+        writer.write("ns", name, f"u-{name}", entry)
+    late = claims[-1]
+    writer.write("ns", late, f"u-{late}", [])  # prepared and unprepared before its turn: written once, cleared
+    await asyncio.wait_for(client.full.wait(), 5)  # every writer waits on the server
+    client.gate.set()
+    await asyncio.wait_for(writer.settled(), 5)
+    assert client.most == statuswriter.WRITERS
+    written = {name: bool(body["status"]) for _, name, body, _ in client.calls}
+    assert len(client.calls) == len(claims) and written[late] is False and all(written[n] for n in claims[:-1])

@@ -1,0 +1,51 @@
+"""A driver's claim status writes (:mod:`.status`), in the background of the kubelet's answers.
+
+:class:`StatusWriter` writes each claim's status after the prepare or unprepare that asked for it
+has answered: in order per claim (a clear never overtakes the write before it); at most
+:data:`WRITERS` at once per driver; a write asked for while an older one of the same claim still
+waits replaces it. In a burst of pods the HTTP client's connection pool stays small (with one
+request per claim at once, its bookkeeping cost more CPU than the prepares) and a claim prepared
+and unprepared before its turn is written once: only the last state of a claim matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from cdiplug.dra.status import publish
+from cdiplug.kube.client import KubeClient
+
+WRITERS = 4  # status writes of one driver at once: a burst of pods does not open a connection per claim
+
+
+class StatusWriter:
+    """One driver's status writes (see the module docstring); a failure is logged (:func:`~.status.publish`)."""
+
+    def __init__(self, client: Callable[[], KubeClient], driver: str) -> None:
+        self.client = client
+        self.driver = driver
+        self._wanted: dict[str, tuple[str, str, list[dict[str, Any]]]] = {}  # by claim UID: not begun yet
+        self._writers: dict[str, asyncio.Task[None]] = {}  # by claim UID: writes the claim's wanted status
+        self._slots = asyncio.Semaphore(WRITERS)
+
+    def write(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
+        """Make our entries of the claim's ``status.devices`` exactly ``entries``, after the writes before."""
+        self._wanted[uid] = (namespace, name, entries)
+        if uid not in self._writers:
+            self._writers[uid] = asyncio.create_task(self._write(uid), name=f"dra-status:{self.driver}:{uid}")
+
+    async def _write(self, uid: str) -> None:
+        try:
+            while uid in self._wanted:
+                async with self._slots:
+                    namespace, name, entries = self._wanted.pop(uid)  # the latest, taken once it can be written
+                    await publish(self.client, self.driver, namespace, name, uid, entries)
+        finally:
+            del self._writers[uid]  # no await since the loop's check: a write asked for now starts a new writer
+
+    async def settled(self) -> None:
+        """Until every write asked for so far has ended (tests; a clean stop)."""
+        while self._writers:
+            await asyncio.gather(*self._writers.values(), return_exceptions=True)
