@@ -40,7 +40,9 @@ def bare_node(kube: Kube) -> Iterator[None]:
     kube("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)
     yield
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
-    subprocess.run(["helm", "uninstall", "cdiplug", "-n", NAMESPACE, "--ignore-not-found", "--wait"], env=env, timeout=200, check=False)
+    subprocess.run(
+        ["helm", "uninstall", "cdiplug", "-n", NAMESPACE, "--ignore-not-found", "--wait"], env=env, timeout=200, check=False
+    )
     kube("delete", "-k", str(REPO / "deploy" / "examples"), "--ignore-not-found", "--wait=true", timeout=120, check=False)
     if had:
         kube("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s", timeout=200)

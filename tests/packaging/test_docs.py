@@ -56,7 +56,9 @@ def test_no_page_speaks_of_the_tracker_or_the_kit_outside(page: Path) -> None:
         assert "../shared" not in text
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.parent.name == "docs"], ids=_ids([p for p in PAGES if p.parent.name == "docs"]))
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if p.parent.name == "docs"], ids=_ids([p for p in PAGES if p.parent.name == "docs"])
+)
 def test_every_page_opens_with_what_it_is_for(page: Path) -> None:
     lines = page.read_text().splitlines()
     assert lines[0].startswith("# ")
