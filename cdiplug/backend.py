@@ -14,15 +14,16 @@ values. Backends import all of this from :mod:`cdiplug.sdk`; this module never i
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from attrs import frozen
 
-from cdiplug.errors import BackendInitError
+from cdiplug.errors import BackendError, BackendInitError
 from cdiplug.models.devices import Device, DeviceSnapshot, PreferredRequest
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
@@ -200,6 +201,25 @@ class ClaimConfigurable(Protocol[C]):
         return Configured(device, prepare=False, release=False)
 
 
+async def run_tasks(owner: str, coros: Mapping[str, Coroutine[Any, Any, None]]) -> None:
+    """Run a backend's own long-lived tasks (name -> coroutine) until one fails, and raise that
+    failure: a :class:`~cdiplug.errors.BackendError` as it is, anything else as one naming
+    ``owner`` and the task. Every task is cancelled and awaited on the way out (cancellation too)."""
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in coros.items()]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            failure = task.exception()
+            if isinstance(failure, BackendError):
+                raise failure
+            if failure is not None:
+                raise BackendError(f"{owner} task {task.get_name()} failed: {type(failure).__name__}: {failure}") from failure
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @frozen
 class Abilities:
     """The optional abilities of one backend, found once when it is created."""
@@ -235,7 +255,11 @@ class BackendPlugin(Generic[O]):
     name to the CDI kind used when the resource sets no ``cdi_kind`` (a backend whose vendor tools
     already write specs under the resource's name needs another kind); else the kind is the name.
     ``default_dra_driver`` likewise for the DRA front end's ``dra_driver`` (else
-    ``<class>.<vendor>``); it must never give another vendor's driver name.
+    ``<class>.<vendor>``); it must never give another vendor's driver name. ``clean_up``, when
+    given, undoes at uninstall (``cdiplug cleanup``, once the instance's daemon has stopped) what
+    the backend left on the node beyond the CDI folder (PCI: functions bound to vfio-pci go back to
+    their original drivers), in the instance's world; it returns one line per thing undone and
+    raises BackendError naming what it could not undo.
 
     Handles a backend needs beyond the :class:`World` (NVML, a udev monitor) are the plugin's
     business: a package exports a ready ``plugin`` and a function that makes one with fakes.
@@ -246,6 +270,7 @@ class BackendPlugin(Generic[O]):
     create: Callable[[Sequence[ResourceConfig[O]], World], Backend]
     default_cdi_kind: Callable[[str], str] | None = None
     default_dra_driver: Callable[[str], str] | None = None
+    clean_up: Callable[[World], Awaitable[Sequence[str]]] | None = None
 
     def cdi_kind_for(self, resource: str) -> str:
         return self.default_cdi_kind(resource) if self.default_cdi_kind else resource

@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
+
+from lightkube.resources.resource_v1 import ResourceSlice
 
 from cdiplug.dra.slices import (
     OwnerNode,
     UnhealthyPolicy,
-    has_taints,
     pool_counters,
     pool_devices,
     slice_body,
@@ -47,7 +47,7 @@ from cdiplug.dra.slices import (
     split,
 )
 from cdiplug.errors import KubernetesError
-from cdiplug.kube.client import CONFLICT, NOT_FOUND, KubeClient, retry_after
+from cdiplug.kube.client import CONFLICT, NOT_FOUND, KubeClient, retry_after, slice_object
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
 from cdiplug.toolkit.backoff import Backoff
@@ -58,6 +58,19 @@ BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 JITTER = 0.2
 SHORT_WATCH = 1.0  # seconds: a watch that ends sooner without an event is taken as failed
+
+
+def _name(obj: ResourceSlice) -> str:
+    return obj.metadata.name or "" if obj.metadata is not None else ""
+
+
+def _version(obj: ResourceSlice) -> str | None:
+    return obj.metadata.resourceVersion if obj.metadata is not None else None
+
+
+def _has_taints(obj: ResourceSlice) -> bool:
+    """Whether any device of the slice (as the server returned it) carries a taint."""
+    return any(d.taints for d in obj.spec.devices or ())
 
 
 class SlicePublisher:
@@ -88,7 +101,7 @@ class SlicePublisher:
         self._wanted = False
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()  # set while nothing is left to publish
-        self._known: dict[str, dict[str, Any]] = {}  # our slices as last seen or written, by name
+        self._known: dict[str, ResourceSlice] = {}  # our slices as last seen or written, by name
         self._written_versions: set[str] = set()
         self._last_pool: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None  # devices, counter sets
         self._external = False
@@ -131,7 +144,7 @@ class SlicePublisher:
         items, _ = await self.client.list_slices(self.driver, self.node)
         for item in items:
             if self._ours(item):
-                await self.client.delete_slice(item["metadata"]["name"])
+                await self.client.delete_slice(_name(item))
         self._known.clear()
 
     # -- the task --
@@ -169,17 +182,16 @@ class SlicePublisher:
                 raise
             log.warning("DRA driver %s: slices get no owner (%s); the kubelet still removes them", self.driver, exc)
             return None
-        uid = (node.get("metadata") or {}).get("uid")
-        return OwnerNode(self.node, uid) if isinstance(uid, str) and uid else None
+        uid = node.metadata.uid if node.metadata is not None else None
+        return OwnerNode(self.node, uid) if uid else None
 
-    def _ours(self, item: Mapping[str, Any]) -> bool:
-        spec = item.get("spec") or {}
-        return spec.get("driver") == self.driver and spec.get("nodeName") == self.node
+    def _ours(self, item: ResourceSlice) -> bool:
+        return item.spec.driver == self.driver and item.spec.nodeName == self.node
 
     async def _relist(self) -> None:
         items, version = await self.client.list_slices(self.driver, self.node)
-        self._known = {i["metadata"]["name"]: i for i in items if self._ours(i)}
-        generations = [int(((i.get("spec") or {}).get("pool") or {}).get("generation") or 0) for i in self._known.values()]
+        self._known = {_name(i): i for i in items if self._ours(i)}
+        generations = [i.spec.pool.generation for i in self._known.values()]
         self.generation = max([self.generation, *generations])
         self._resource_version = version
         self._last_pool = None  # what is there is not known to be ours: write it all again
@@ -221,7 +233,7 @@ class SlicePublisher:
                 spec, driver=self.driver, node=self.node, generation=generation, count=len(specs), owner=self._owner
             )
             written = await self._write(body)
-            if self.policy is UnhealthyPolicy.TAINT and any("taints" in d for d in spec.devices) and not has_taints(written):
+            if self.policy is UnhealthyPolicy.TAINT and any("taints" in d for d in spec.devices) and not _has_taints(written):
                 log.warning(
                     "DRA driver %s: the API server drops device taints (feature gate DRADeviceTaints off); "
                     "unhealthy devices are withdrawn from the ResourceSlices instead",
@@ -244,24 +256,24 @@ class SlicePublisher:
             "DRA driver %s: published %d devices in %d slices (generation %d)", self.driver, len(devices), len(specs), generation
         )
 
-    async def _write(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _write(self, body: dict[str, Any]) -> ResourceSlice:
         name = body["metadata"]["name"]
         known = self._known.get(name)
         try:
             if known is not None:
-                body["metadata"]["resourceVersion"] = known["metadata"].get("resourceVersion")
-                written = await self.client.replace_slice(body)
+                body["metadata"]["resourceVersion"] = _version(known)
+                written = await self.client.replace_slice(slice_object(body))
             else:
-                written = await self.client.create_slice(body)
+                written = await self.client.create_slice(slice_object(body))
         except KubernetesError as exc:
             if exc.status == NOT_FOUND and known is not None:
                 body["metadata"].pop("resourceVersion", None)
-                written = await self.client.create_slice(body)
+                written = await self.client.create_slice(slice_object(body))
             elif exc.status == CONFLICT:
                 raise KubernetesError(f"ResourceSlice {name} changed meanwhile; reading them again", CONFLICT) from exc
             else:
                 raise
-        version = (written.get("metadata") or {}).get("resourceVersion")
+        version = _version(written)
         if version:
             self._written_versions.add(version)
         self._known[name] = written
@@ -292,16 +304,15 @@ class SlicePublisher:
                 self._wake.set()
             await asyncio.sleep(delay)
 
-    def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        metadata = obj.get("metadata") or {}
-        version = metadata.get("resourceVersion")
-        if isinstance(version, str) and version:
+    def _on_event(self, kind: str, obj: ResourceSlice) -> None:
+        version = _version(obj)
+        if version:
             self._resource_version = version
         if not self._ours(obj):
             return
         # Judged by the publish loop, between its writes: an event may arrive before the answer
         # to the write that caused it.
-        self._events.append((kind, str(metadata.get("name")), str(version)))
+        self._events.append((kind, _name(obj), str(version)))
         self._wake.set()
 
     def _judge_events(self) -> None:

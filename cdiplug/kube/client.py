@@ -1,7 +1,9 @@
 """The Kubernetes API as cdiplug uses it: ResourceSlices, ResourceClaims (and their status), Nodes and Events, over lightkube.
 
-:class:`KubeClient` is the seam: a protocol of plain-dict calls (the DRA front end and
-``cdiplug node-capacity`` use it; tests pass fakes or the API-server stand-in).
+:class:`KubeClient` is the seam (the DRA front end, the node's own Node and ``cdiplug
+node-capacity`` use it; tests pass fakes or the API-server stand-in). Slices, Nodes and Events
+come and go as lightkube's typed models; patches are patches (JSON); ResourceClaims and
+DeviceClasses are still JSON-shaped dicts, read by the strict claim parser (:mod:`cdiplug.dra.claims`).
 :class:`LightkubeClient` implements it with lightkube's async client (httpx under it; models of
 ``resource.k8s.io/v1`` that follow the Kubernetes releases). lightkube was chosen over
 kubernetes_asyncio because it is small (a fraction of the import time and memory of the fully
@@ -50,6 +52,8 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, Context, User
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
+from lightkube.models import core_v1 as core
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
@@ -100,43 +104,43 @@ def _retry_after(response: httpx2.Response | None) -> float | None:
 
 
 class KubeClient(Protocol):
-    """What cdiplug asks of the API server; objects are JSON-shaped dicts."""
+    """What cdiplug asks of the API server: lightkube's models, but claims and classes (JSON-shaped dicts)."""
 
-    async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
+    async def list_slices(self, driver: str, node: str) -> tuple[list[ResourceSlice], str]:
         """This node's slices of ``driver`` and the list's resourceVersion."""
         ...
 
-    def watch_slices(self, driver: str, node: str, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    def watch_slices(self, driver: str, node: str, resource_version: str) -> AsyncIterator[tuple[str, ResourceSlice]]:
         """Events (ADDED, MODIFIED, DELETED) on those slices after ``resource_version``."""
         ...
 
-    async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def create_slice(self, body: ResourceSlice) -> ResourceSlice: ...
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def replace_slice(self, body: ResourceSlice) -> ResourceSlice: ...
 
     async def delete_slice(self, name: str) -> None: ...
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    async def get_node(self, name: str) -> dict[str, Any]: ...
+    async def get_node(self, name: str) -> core.Node: ...
 
     async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
         """Server-side apply ``body`` to ``resourceclaims/<name>/status`` as field manager ``manager`` (forced)."""
         ...
 
-    async def patch_node_status(self, name: str, patch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    async def patch_node_status(self, name: str, patch: Sequence[Mapping[str, Any]]) -> core.Node:
         """Apply a JSON Patch (RFC 6902) to ``nodes/<name>/status``; the node as the server now has it."""
         ...
 
-    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> core.Node:
         """Apply a JSON merge patch (RFC 7386) to Node ``name`` (its labels); the node as the server now has it."""
         ...
 
-    def watch_node(self, name: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    def watch_node(self, name: str) -> AsyncIterator[tuple[str, core.Node]]:
         """Events on Node ``name``: the node as it is first (ADDED), then each change, as long as it runs."""
         ...
 
-    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def create_event(self, namespace: str, body: Event) -> Event:
         """Create a core v1 Event in ``namespace``."""
         ...
 
@@ -166,7 +170,8 @@ def _fields(driver: str, node: str) -> dict[str, Any]:
     return {"spec.nodeName": node, "spec.driver": driver}
 
 
-def _slice(body: Mapping[str, Any]) -> ResourceSlice:
+def slice_object(body: Mapping[str, Any]) -> ResourceSlice:
+    """``body`` (a ResourceSlice as JSON) as lightkube's model; a KubernetesError when it is none."""
     try:
         obj = ResourceSlice.from_dict(dict(body))
     except msgspec.ValidationError as exc:
@@ -282,11 +287,11 @@ class LightkubeClient:
         except Exception as exc:  # whatever the library raised (KeyError on an answer without Content-Type)
             raise self._error(what, exc) from exc
 
-    async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
+    async def list_slices(self, driver: str, node: str) -> tuple[list[ResourceSlice], str]:
         listing = self._client.list(ResourceSlice, fields=_fields(driver, node))
 
-        async def read() -> tuple[list[dict[str, Any]], str]:
-            items = [_dict(item) async for item in listing]
+        async def read() -> tuple[list[ResourceSlice], str]:
+            items = [item async for item in listing]
             try:
                 return items, listing.resourceVersion
             except NotReadyError:
@@ -294,7 +299,7 @@ class LightkubeClient:
 
         return await self._call(f"cannot list the ResourceSlices of {driver} on {node}", read())
 
-    async def watch_slices(self, driver: str, node: str, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def watch_slices(self, driver: str, node: str, resource_version: str) -> AsyncIterator[tuple[str, ResourceSlice]]:
         # Not bounded as a whole: a watch waits for changes as long as there are none (lightkube
         # opens it again when the server ends it); but each wait for the next event is.
         events = self._client.watch(
@@ -308,7 +313,7 @@ class LightkubeClient:
                         kind, obj = await events.__anext__()
                 except (StopAsyncIteration, TimeoutError, _WatchEnded):
                     return  # ended, or silent for too long: the caller watches again from the last version
-                yield kind, _dict(obj)
+                yield kind, obj
         except Exception as exc:
             raise self._error(f"watching the ResourceSlices of {driver} on {node} failed", exc) from exc
         finally:
@@ -317,13 +322,13 @@ class LightkubeClient:
             if close is not None:
                 await close()
 
-    async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        what = f"cannot create ResourceSlice {body['metadata']['name']}"
-        return _dict(await self._call(what, self._client.create(_slice(body))))
+    async def create_slice(self, body: ResourceSlice) -> ResourceSlice:
+        what = f"cannot create ResourceSlice {body.metadata.name if body.metadata else None}"
+        return await self._call(what, self._client.create(body))
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        what = f"cannot update ResourceSlice {body['metadata']['name']}"
-        return _dict(await self._call(what, self._client.replace(_slice(body))))
+    async def replace_slice(self, body: ResourceSlice) -> ResourceSlice:
+        what = f"cannot update ResourceSlice {body.metadata.name if body.metadata else None}"
+        return await self._call(what, self._client.replace(body))
 
     async def delete_slice(self, name: str) -> None:
         try:
@@ -352,29 +357,30 @@ class LightkubeClient:
         )
         return _dict(await self._call(f"cannot write the status of ResourceClaim {namespace}/{name}", call))
 
-    async def get_node(self, name: str) -> dict[str, Any]:
-        return _dict(await self._call(f"cannot read Node {name}", self._client.get(Node, name)))
+    async def get_node(self, name: str) -> core.Node:
+        return await self._call(f"cannot read Node {name}", self._client.get(Node, name))
 
-    async def patch_node_status(self, name: str, patch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    async def patch_node_status(self, name: str, patch: Sequence[Mapping[str, Any]]) -> core.Node:
         ops = [dict(op) for op in patch]
         call = self._client.patch(Node.Status, name, ops, patch_type=PatchType.JSON)
-        return _dict(await self._call(f"cannot patch the status of Node {name}", call))
+        return await self._call(f"cannot patch the status of Node {name}", call)
 
-    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> core.Node:
         call = self._client.patch(Node, name, dict(patch), patch_type=PatchType.MERGE)
-        return _dict(await self._call(f"cannot patch Node {name}", call))
+        return await self._call(f"cannot patch Node {name}", call)
 
-    async def watch_node(self, name: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def watch_node(self, name: str) -> AsyncIterator[tuple[str, core.Node]]:
         # From no resourceVersion: the server sends the node as it is first (ADDED), then changes.
         try:
             async for kind, obj in self._client.watch(Node, fields={"metadata.name": name}):
-                yield kind, _dict(obj)
+                yield kind, obj
         except Exception as exc:
             raise self._error(f"watching Node {name} failed", exc) from exc
 
-    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        event = Event.from_dict({**body, "metadata": {**body.get("metadata", {}), "namespace": namespace}})
-        return _dict(await self._call(f"cannot create an Event in {namespace}", self._client.create(event)))
+    async def create_event(self, namespace: str, body: Event) -> Event:
+        metadata = msgspec.structs.replace(body.metadata or ObjectMeta(), namespace=namespace)
+        event = msgspec.structs.replace(body, metadata=metadata)
+        return await self._call(f"cannot create an Event in {namespace}", self._client.create(event))
 
     async def close(self) -> None:
         await self._client.close()

@@ -57,7 +57,7 @@ class ConfigLabelWatch:
                 async for kind, node in self.client().watch_node(self.node):
                     backoff.reset()
                     if kind in ("ADDED", "MODIFIED"):
-                        labels = (node.get("metadata") or {}).get("labels") or {}
+                        labels = (node.metadata.labels if node.metadata is not None else None) or {}
                         self._seen(labels.get(CONFIG_LABEL))
                 log.debug("the watch of node %s ended; watching again", self.node)
                 delay = next(backoff)

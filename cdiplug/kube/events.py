@@ -20,7 +20,7 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attrs import define
 
@@ -29,6 +29,8 @@ from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.toolkit.backoff import Backoff
 
 if TYPE_CHECKING:
+    from lightkube.resources.core_v1 import Event
+
     from cdiplug.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
@@ -63,23 +65,25 @@ def health_changes(previous: DeviceSnapshot | None, snapshot: DeviceSnapshot) ->
     return out
 
 
-def event_body(node: str, reason: str, message: str, warning: bool, count: int, now: datetime.datetime) -> dict[str, Any]:
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{node}.cdiplug."},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "type": "Warning" if warning else "Normal",
-        "count": count,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "source": {"component": COMPONENT, "host": node},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": node,
-    }
+def event_body(node: str, reason: str, message: str, warning: bool, count: int, now: datetime.datetime) -> Event:
+    from lightkube.models.core_v1 import EventSource, ObjectReference  # lightkube only once an Event is sent
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Event
+
+    stamp = now.replace(microsecond=0)
+    return Event(
+        metadata=ObjectMeta(generateName=f"{node}.cdiplug."),
+        involvedObject=ObjectReference(apiVersion="v1", kind="Node", name=node, uid=node),
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        type="Warning" if warning else "Normal",
+        count=count,
+        firstTimestamp=stamp,
+        lastTimestamp=stamp,
+        source=EventSource(component=COMPONENT, host=node),
+        reportingComponent=COMPONENT,
+        reportingInstance=node,
+    )
 
 
 class NodeEvents:
@@ -99,7 +103,7 @@ class NodeEvents:
         self.namespace = namespace
         self.interval = interval
         self.backoff = backoff
-        self.sent: list[dict[str, Any]] = []  # what the server accepted, the latest 32 (tests)
+        self.sent: list[Event] = []  # what the server accepted, the latest 32 (tests)
         self._held: dict[str, _Held] = {}
         self._next: dict[str, float] = {}  # reason -> when the next Event of it may go
         self._wake = asyncio.Event()

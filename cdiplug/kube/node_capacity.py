@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cdiplug.errors import CdiplugError, KubernetesError
 from cdiplug.kube.credentials import Credentials
@@ -124,8 +124,8 @@ class NodeCapacity:
             raise NodeCapacityError(self._explain(exc, where, verb)) from exc
         finally:
             await client.close()
-        capacity: Any = (answer.get("status") or {}).get("capacity")
-        if not isinstance(capacity, Mapping):
+        capacity = answer.status.capacity if answer.status is not None else None
+        if capacity is None:
             raise NodeCapacityError(f"the API server answered for {where} without status.capacity")
         return {str(k): str(v) for k, v in capacity.items()}
 

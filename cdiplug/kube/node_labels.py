@@ -37,6 +37,8 @@ from cdiplug.models.names import is_label_value
 from cdiplug.toolkit.backoff import Backoff
 
 if TYPE_CHECKING:
+    from lightkube.models import core_v1 as core
+
     from cdiplug.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
@@ -207,10 +209,10 @@ class NodeLabeler:
         log.info("node %s labels: %s", self.node, _describe(patch["metadata"]["labels"]))
         await self._answered(answer)
 
-    async def _answered(self, node: Mapping[str, Any]) -> None:
-        labels = (node.get("metadata") or {}).get("labels") or {}
+    async def _answered(self, node: core.Node) -> None:
+        labels = (node.metadata.labels if node.metadata is not None else None) or {}
         async with self._progress:
-            self._current = {str(k): str(v) for k, v in labels.items()}
+            self._current = dict(labels)
             self._progress.notify_all()
 
 

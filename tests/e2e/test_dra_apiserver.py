@@ -181,7 +181,7 @@ async def test_publisher_against_the_real_server(client: LightkubeClient, apiser
         devices = [Device(f"fpga-{i}", attributes={"speed": i, "fast": i > 5}) for i in range(300)]
         publisher.want(DeviceSnapshot("example.com/fpga", devices))
         await asyncio.wait_for(publisher.wait_published(1), 30)
-        items, _ = await client.list_slices(DRIVER, "n1")
+        items = [i.to_dict() for i in (await client.list_slices(DRIVER, "n1"))[0]]
         assert sorted((len(i["spec"]["devices"]), i["spec"]["pool"]["resourceSliceCount"]) for i in items) == [
             (44, 3),
             (128, 3),
@@ -193,14 +193,14 @@ async def test_publisher_against_the_real_server(client: LightkubeClient, apiser
         publisher.want(DeviceSnapshot("example.com/fpga", sick))
         await asyncio.wait_for(publisher.wait_published(2), 30)
         assert publisher.policy is UnhealthyPolicy.TAINT  # the 1.36 server keeps device taints
-        items, _ = await client.list_slices(DRIVER, "n1")
+        items = [i.to_dict() for i in (await client.list_slices(DRIVER, "n1"))[0]]
         tainted = [(d["name"], d["taints"][0]["effect"]) for i in items for d in i["spec"]["devices"] if d.get("taints")]
         assert tainted == [("fpga-3", "NoSchedule")]
         assert len(items) == 5 and {i["spec"]["pool"]["generation"] for i in items} == {2}  # 64 per tainted slice
 
         kubectl(apiserver, "delete", "resourceslice", f"n1-{DRIVER}-0")
         await asyncio.wait_for(publisher.wait_published(3), 30)
-        items, _ = await client.list_slices(DRIVER, "n1")
+        items = [i.to_dict() for i in (await client.list_slices(DRIVER, "n1"))[0]]
         assert len(items) == 5 and {i["spec"]["pool"]["generation"] for i in items} == {3}
     finally:
         task.cancel()

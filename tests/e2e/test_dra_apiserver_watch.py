@@ -58,7 +58,7 @@ async def test_watches_the_server_ends_are_opened_again_and_see_a_deletion(clien
         kubectl(apiserver, "delete", "resourceslice", f"n1-{DRIVER}-0")
         await asyncio.wait_for(publisher.wait_published(2), 30)
         items, _ = await client.list_slices(DRIVER, "n1")
-        assert [i["metadata"]["name"] for i in items] == [f"n1-{DRIVER}-0"]
+        assert [i.metadata.name for i in items if i.metadata] == [f"n1-{DRIVER}-0"]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -20,7 +20,7 @@ import pytest
 from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.dra.slices import UnhealthyPolicy
 from cdiplug.errors import KubernetesError
-from cdiplug.kube.client import LightkubeClient
+from cdiplug.kube.client import LightkubeClient, slice_object
 from cdiplug.kube.credentials import load_kubeconfig
 from cdiplug.models.devices import Device, DeviceSnapshot, Health, HealthCause
 from cdiplug.telemetry.recorder import NullRecorder
@@ -151,7 +151,7 @@ async def test_errors_become_kubernetes_errors(client: LightkubeClient, api: Api
     pool = {"name": "n1", "generation": 1, "resourceSliceCount": 0}
     bad = {"metadata": {"name": "bad"}, "spec": {"driver": DRIVER, "nodeName": "n1", "pool": pool}}
     with pytest.raises(KubernetesError) as info:
-        await client.create_slice(bad)  # resourceSliceCount 0: the server refuses it
+        await client.create_slice(slice_object(bad))  # resourceSliceCount 0: the server refuses it
     assert info.value.status == 422
     await api.stop()
     with pytest.raises(KubernetesError) as info:

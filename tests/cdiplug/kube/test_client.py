@@ -47,7 +47,7 @@ async def test_token_from_a_kubeconfig(api: ApiServerStandIn, tmp_path: Path) ->
         node = await client.get_node("n1")
     finally:
         await client.close()
-    assert node["metadata"]["name"] == "n1"
+    assert node.metadata is not None and node.metadata.name == "n1"
     assert api.received[-1].authorization == f"Bearer {api.token}"
 
 
@@ -58,7 +58,7 @@ async def test_patch_node_status_sends_a_json_patch(api: ApiServerStandIn, tmp_p
         node = await client.patch_node_status("n1", ops)
     finally:
         await client.close()
-    assert node["status"]["capacity"] == {"cpu": "2", "example.com/dongle": "4"}
+    assert node.status is not None and node.status.capacity == {"cpu": "2", "example.com/dongle": "4"}
     assert api.node("n1")["status"]["capacity"]["example.com/dongle"] == "4"
     sent = api.received[-1]
     assert (sent.method, sent.path, sent.content_type) == ("PATCH", "/api/v1/nodes/n1/status", "application/json-patch+json")
@@ -98,7 +98,8 @@ async def test_a_wrong_token_is_401(api: ApiServerStandIn, tmp_path: Path) -> No
 async def test_client_certificate_over_tls(tls_api: ApiServerStandIn, tmp_path: Path) -> None:
     client = connect(tls_api.kubeconfig(tmp_path / "kind", certificate=True))
     try:
-        assert (await client.get_node("n1"))["metadata"]["name"] == "n1"
+        node = await client.get_node("n1")
+        assert node.metadata is not None and node.metadata.name == "n1"
     finally:
         await client.close()
     assert tls_api.url.startswith("https://")
@@ -217,7 +218,7 @@ async def test_one_watch_call_is_one_watch_request(api: ApiServerStandIn, tmp_pa
     client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")), watch_timeout=1)
     try:
         async with asyncio.timeout(10):  # without the guard: a new watch every second until this
-            events = [(kind, obj["metadata"]["name"]) async for kind, obj in client.watch_slices("d", "n1", "")]
+            events = [(kind, obj.metadata and obj.metadata.name) async for kind, obj in client.watch_slices("d", "n1", "")]
     finally:
         await client.close()
     assert events == [("ADDED", "s1")]
