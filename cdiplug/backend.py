@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from attrs import frozen
@@ -235,7 +235,11 @@ class BackendPlugin(Generic[O]):
     name to the CDI kind used when the resource sets no ``cdi_kind`` (a backend whose vendor tools
     already write specs under the resource's name needs another kind); else the kind is the name.
     ``default_dra_driver`` likewise for the DRA front end's ``dra_driver`` (else
-    ``<class>.<vendor>``); it must never give another vendor's driver name.
+    ``<class>.<vendor>``); it must never give another vendor's driver name. ``clean_up``, when
+    given, undoes at uninstall (``cdiplug cleanup``, once the instance's daemon has stopped) what
+    the backend left on the node beyond the CDI folder (PCI: functions bound to vfio-pci go back to
+    their original drivers), in the instance's world; it returns one line per thing undone and
+    raises BackendError naming what it could not undo.
 
     Handles a backend needs beyond the :class:`World` (NVML, a udev monitor) are the plugin's
     business: a package exports a ready ``plugin`` and a function that makes one with fakes.
@@ -246,6 +250,7 @@ class BackendPlugin(Generic[O]):
     create: Callable[[Sequence[ResourceConfig[O]], World], Backend]
     default_cdi_kind: Callable[[str], str] | None = None
     default_dra_driver: Callable[[str], str] | None = None
+    clean_up: Callable[[World], Awaitable[Sequence[str]]] | None = None
 
     def cdi_kind_for(self, resource: str) -> str:
         return self.default_cdi_kind(resource) if self.default_cdi_kind else resource

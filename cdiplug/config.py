@@ -1,4 +1,4 @@
-"""Configuration: the YAML file of ``docs/architecture.md``, structured by one cattrs converter.
+"""Configuration: the YAML file of ``docs/architecture.md``, structured by the one strict converter (:mod:`cdiplug.toolkit.strict`).
 
 Unknown keys are errors, scalars are not coerced (``count: "2"`` is an error, not 2), and every
 error names the field path and the file: ``expected int @ $.resources[1].options.count (in
@@ -21,10 +21,7 @@ default): a node gets the one its label ``cdiplug.dev/config`` names, ``default`
 
 from __future__ import annotations
 
-import collections.abc
 import copy
-import enum
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NewType, TypeVar
@@ -43,37 +40,11 @@ from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.toolkit.files import CONFIG_LIMIT, read_text
 from cdiplug.toolkit.safeload import load_yaml
+from cdiplug.toolkit.strict import config_error, converter, describe
 
 CONFIG_LABEL = "cdiplug.dev/config"  # the node label choosing a named configuration
 
 O = TypeVar("O")  # noqa: E741 - a backend's options type
-
-converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
-def _strict(kind: type | tuple[type, ...], label: str) -> Any:
-    def hook(value: Any, _type: Any) -> Any:
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise ValueError(f"expected {label}, got a boolean")
-        if not isinstance(value, kind):
-            raise ValueError(f"expected {label}, got {_describe(value)}{number_hint(value) if label == 'a string' else ''}")
-        return value
-
-    return hook
-
-
-def number_hint(value: Any) -> str:
-    """Why a string field got a number: YAML reads an unquoted ``0x8086`` as 32902."""
-    if type(value) is not int or value < 10:  # below 10, a hex ID and its number read alike
-        return ""
-    return f' (YAML reads an unquoted 0x{value:04x} as the number {value}: quote it, "0x{value:04x}")'
 
 
 def kubernetes_object_problem(data: Mapping[str, Any]) -> str | None:
@@ -91,94 +62,6 @@ def kubernetes_object_problem(data: Mapping[str, Any]) -> str | None:
     return f"this is a Kubernetes {kind}, not a cdiplug configuration (a mapping with a 'resources' list)"
 
 
-def _is_list_type(t: Any) -> bool:
-    origin = typing.get_origin(t)
-    if origin is tuple:
-        args = typing.get_args(t)
-        return len(args) == 2 and args[1] is Ellipsis
-    return origin in (list, collections.abc.Sequence, frozenset)
-
-
-def _list_hook(t: Any) -> Any:
-    """Lists only: cattrs alone would take a string as a list of characters, a mapping as its keys.
-    A frozenset is written as a list."""
-    origin = typing.get_origin(t)
-    if origin is tuple:
-        inner = cattrs.cols.homogenous_tuple_structure_factory(t, converter)
-    elif origin is frozenset:
-        as_list_type: Any = list[typing.get_args(t)[0]]  # type: ignore[misc]
-        as_list = cattrs.cols.list_structure_factory(as_list_type, converter)
-
-        def inner(value: Any, type_: Any) -> Any:
-            return frozenset(as_list(value, type_))
-
-    else:
-        inner = cattrs.cols.list_structure_factory(t, converter)
-
-    def hook(value: Any, type_: Any) -> Any:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"expected a list, got {_describe(value)}")
-        return inner(value, type_)
-
-    return hook
-
-
-def _attrs_hook(cl: type[object]) -> Any:
-    """Mappings only, so that ``resources: [5]`` says so instead of cattrs' internal wording."""
-    inner = cattrs.gen.make_dict_structure_fn(cl, converter)
-
-    def hook(value: Any, type_: Any) -> Any:
-        if not isinstance(value, Mapping):
-            raise ValueError(f"expected a mapping, got {_describe(value)}")
-        return inner(value, type_)
-
-    return hook
-
-
-converter.register_structure_hook_factory(_is_list_type, _list_hook)
-converter.register_structure_hook_factory(attrs.has, _attrs_hook)
-
-
-def _enum_hook(cls: type[enum.Enum]) -> Any:
-    """Every enum from its values only, naming them in the error."""
-
-    def hook(value: Any, _type: Any) -> enum.Enum:
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"expected one of {allowed}, got {value!r}") from None
-
-    return hook
-
-
-def _or_enum(hook: Any) -> Any:
-    """``hook``, except for an enum of that base type (a str or int enum comes here: cattrs
-    dispatches by class), which is structured from its values."""
-
-    def structure(value: Any, type_: Any) -> Any:
-        if isinstance(type_, type) and issubclass(type_, enum.Enum):
-            return _enum_hook(type_)(value, type_)
-        return hook(value, type_)
-
-    return structure
-
-
-converter.register_structure_hook(int, _or_enum(_strict(int, "an integer")))
-converter.register_structure_hook(str, _or_enum(_strict(str, "a string")))
-converter.register_structure_hook(bool, _strict(bool, "true or false"))
-converter.register_structure_hook(float, lambda v, t: float(_strict((int, float), "a number")(v, t)))
-converter.register_structure_hook(Path, lambda v, t: Path(_strict(str, "a path")(v, t)))
-
-
-converter.register_structure_hook_factory(lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _enum_hook)
-
-
-def register_enum(cls: type[enum.Enum]) -> None:
-    """Structure ``cls`` from its values only; every enum is, registered or not (kept for backends)."""
-    converter.register_structure_hook(cls, _enum_hook(cls))
-
-
 # The api key: the name of any front end registered when the file is read.
 ApiName = NewType("ApiName", str)
 
@@ -187,7 +70,7 @@ def _api_hook(value: Any, _type: Any) -> str:
     names = registered()
     if not isinstance(value, str) or value not in names:
         allowed = ", ".join(repr(n) for n in names)
-        raise ValueError(f"expected one of {allowed}, got {_describe(value) if not isinstance(value, str) else repr(value)}")
+        raise ValueError(f"expected one of {allowed}, got {describe(value) if not isinstance(value, str) else repr(value)}")
     try:
         return Api(value)  # the built-in ones as members: `r.api is Api.DRA` keeps working
     except ValueError:
@@ -195,18 +78,6 @@ def _api_hook(value: Any, _type: Any) -> str:
 
 
 converter.register_structure_hook(ApiName, _api_hook)
-
-
-def _format_exception(exc: BaseException, type_: Any) -> str:
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        unknown = ", ".join(repr(k) for k in sorted(exc.extra_fields))
-        # A field named after a Python keyword (class_) is spelled without the underscore in
-        # the file (options classes rename it so); say it as users write it.
-        allowed = ", ".join((a.alias or a.name).rstrip("_") for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else ""
-        return f"unknown key{'s' if len(exc.extra_fields) > 1 else ''} {unknown}" + (f" (allowed: {allowed})" if allowed else "")
-    if isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], str):
-        return exc.args[0]
-    return cattrs.v.format_exception(exc, type_)
 
 
 @frozen
@@ -238,7 +109,7 @@ _raw_resource = cattrs.gen.make_dict_structure_fn(_RawResource, converter, setti
 def _raw_resource_hook(value: Any, type_: Any) -> _RawResource:
     """The resource's own keys structured, the others kept for its front end's settings."""
     if not isinstance(value, Mapping):
-        raise ValueError(f"expected a mapping, got {_describe(value)}")
+        raise ValueError(f"expected a mapping, got {describe(value)}")
     raw = _raw_resource({k: v for k, v in value.items() if k in _RESOURCE_KEYS}, type_)
     return attrs.evolve(raw, settings={k: v for k, v in value.items() if k not in _RESOURCE_KEYS})
 
@@ -294,16 +165,6 @@ resources:
 DEFAULT_CONFIG: Mapping[str, Any] = {"resources": [{"name": "example.com/fpga", "backend": "fake", "options": {"count": 2}}]}
 
 
-def _errors(exc: Exception, path: str, source: str) -> ConfigError:
-    """The first problem cattrs found, as a ConfigError; the others are appended to the message."""
-    first, *rest = cattrs.transform_error(exc, path=path, format_exception=_format_exception)
-    message, _, where = first.rpartition(" @ ")
-    err = ConfigError(message or first, where or path, source)
-    if rest:
-        err.args = ("; ".join([str(err), *rest]),)
-    return err
-
-
 def structure_options(options_type: type[O], raw: Mapping[str, Any], path: str, source: str) -> O:
     """Structure a backend's options mapping; errors carry ``path`` (``$.resources[1].options``).
 
@@ -314,7 +175,7 @@ def structure_options(options_type: type[O], raw: Mapping[str, Any], path: str, 
     try:
         options = converter.structure(dict(raw), options_type)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        raise _errors(exc, path, source) from exc
+        raise config_error(exc, path, source) from exc
     for name, problem in options.problems() if isinstance(options, CheckedOptions) else ():
         raise ConfigError(problem, f"{path}.{name}", source)
     return options
@@ -341,7 +202,7 @@ def parse_config(
     try:
         raw = converter.structure(data, _RawConfig)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        raise _errors(exc, "$", source) from exc
+        raise config_error(exc, "$", source) from exc
     plugins = load_plugins() if plugins is None else plugins
     default_labels = bool(raw.node_labels)
     if raw.configurations is None:

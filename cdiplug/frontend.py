@@ -145,6 +145,12 @@ class FrontEndType(Protocol):
         each resource of another api whether an earlier run served it through this one."""
         ...
 
+    def owned_names(self, resource: ResourceConfig[object]) -> Iterable[tuple[str, str]]:
+        """What serving ``resource`` names after it on the node besides the resource itself, as
+        (kind, name) that only one cdiplug instance on a node may serve (:mod:`cdiplug.host.owners`):
+        the DRA driver, whose sockets and folders carry its name."""
+        ...
+
     def consumers(self, resource: ResourceConfig[object]) -> str:
         """Who holds devices of ``resource`` through this front end, for messages: ``device-plugin pods``."""
         ...
@@ -185,6 +191,9 @@ class FrontEndTypeBase:
         self, resources: Sequence[ResourceConfig[object]], world: World, latest: Latest, *, at_start: bool
     ) -> Mapping[str, frozenset[str] | None]:
         return {r.name: frozenset() for r in resources}
+
+    def owned_names(self, resource: ResourceConfig[object]) -> Iterable[tuple[str, str]]:
+        return ()
 
     def consumers(self, resource: ResourceConfig[object]) -> str:
         return f"consumers of {resource.api}"

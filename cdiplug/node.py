@@ -24,6 +24,8 @@ from cdiplug.frontend import FrontEnd, FrontEndParts, front_end_type, registered
 from cdiplug.handover import Handover, Move
 from cdiplug.host import BackendHost
 from cdiplug.host.backends import BACKOFF_INITIAL, BACKOFF_MAX
+from cdiplug.host.owners import Owners
+from cdiplug.models.instance import RESOURCE
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
@@ -33,6 +35,14 @@ if TYPE_CHECKING:
     from cdiplug.kube.own_node import OwnNode
 
 log = logging.getLogger(__name__)
+
+
+def claims(config: Config) -> list[tuple[str, str]]:
+    """What an instance serving ``config`` claims on the node (:mod:`cdiplug.host.owners`): every
+    resource, and what each resource's front end names after it (DRA: its driver)."""
+    return [(RESOURCE, r.name) for r in config.resources] + [
+        name for r in config.resources for name in front_end_type(r.api).owned_names(r)
+    ]
 
 
 def spec_kinds(config: Config) -> list[str]:
@@ -66,6 +76,7 @@ class Node:
         self.recorder = recorder
         backoff = backoff if backoff is not None else (BACKOFF_INITIAL, BACKOFF_MAX)
         self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, backoff=backoff)
+        self.owners = Owners(world.state_dir, world.instance, world.pod_uid)
         self._parts = FrontEndParts(world, self.host, supervisor, recorder)
         self.handover = Handover(self.host, world, supervisor, report=self._report, done=self._handover_done)
         self._front_ends: dict[str, FrontEnd] = {}  # by api, in the order they started
@@ -96,6 +107,8 @@ class Node:
     async def start(self) -> None:
         async with self._lock:
             config = self.config
+            # Before anything is touched: another instance serving one of ours is an error.
+            await asyncio.to_thread(self.owners.claim, claims(config))
             self.recorder.configure(r.name for r in config.resources)
             self.host.create(config.resources)  # may raise: nothing runs yet
             if self.own_node is not None:
@@ -131,7 +144,12 @@ class Node:
             if self._stopped:
                 return
             old = self.config.by_name()
-            recreated = await self.host.reload(config.resources)
+            await asyncio.to_thread(self.owners.claim, claims(config))  # may raise: nothing changed yet
+            try:
+                recreated = await self.host.reload(config.resources)
+            except BaseException:
+                await asyncio.to_thread(self.owners.keep_only, claims(self.config))
+                raise
             before = {api: {r.name for r in group} for api, group in by_api(self.config).items()}
             after = by_api(config)
             self.config = config
@@ -156,6 +174,7 @@ class Node:
                 elif any(r.name not in before.get(api, ()) for r in resources):
                     await self._front_ends[api].reload(resources, frozenset())
             await self.host.specs.remove_stale(self._spec_kinds())
+            await asyncio.to_thread(self.owners.keep_only, claims(config))
 
     def _spec_kinds(self) -> list[str]:
         """The CDI kinds whose host-written specs stay: those of the configured resources whose
@@ -181,3 +200,4 @@ class Node:
             for front_end in reversed(list(self._front_ends.values())):
                 await front_end.stop()
             await self.host.stop()
+            self.owners.close()

@@ -42,7 +42,6 @@ from cdiplug.backend import (
     SnapshotSink,
     Unpreparer,
 )
-from cdiplug.config import converter, register_enum
 from cdiplug.errors import (
     BackendError,
     BackendInitError,
@@ -83,6 +82,7 @@ from cdiplug.toolkit.brief import brief
 from cdiplug.toolkit.files import CONFIG_LIMIT, STATE_LIMIT, decode_text, read_bounded, read_text
 from cdiplug.toolkit.filewatch import FOLDER, FolderWatch
 from cdiplug.toolkit.safeload import load_json, load_yaml
+from cdiplug.toolkit.strict import converter, register_enum
 
 __all__ = [
     # the backend and its plugin

@@ -18,9 +18,10 @@ Options: see :mod:`cdiplug_backends.pci.options`. Devices:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
-from cdiplug.sdk import BackendPlugin
+from cdiplug.sdk import BackendPlugin, World
 
 from .backend import PciBackend
 from .hotplug import UdevMonitor
@@ -29,9 +30,12 @@ from .options import PciOptions, Release, Selector
 
 def make_plugin(udev_monitor: UdevMonitor | None = None, **backend_options: Any) -> BackendPlugin[PciOptions]:
     """The plugin, with a pyudev-like monitor of your own (None: the real one where udev exists)."""
-    return BackendPlugin(
-        name="pci", options_type=PciOptions, create=functools.partial(PciBackend, udev_monitor=udev_monitor, **backend_options)
-    )
+    create = functools.partial(PciBackend, udev_monitor=udev_monitor, **backend_options)
+
+    async def clean_up(world: World) -> Sequence[str]:
+        return await PciBackend((), world, udev_monitor=udev_monitor, **backend_options).clean_up()
+
+    return BackendPlugin(name="pci", options_type=PciOptions, create=create, clean_up=clean_up)
 
 
 plugin = make_plugin()

@@ -414,6 +414,17 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
     def _any_safety(self) -> SafetyChecker:
         return next(iter(self.safety.values()), self.default_safety)
 
+    async def clean_up(self) -> Sequence[str]:
+        """Uninstall (``cdiplug cleanup``): finish or roll back what the journal left half done,
+        then give every function this instance bound to vfio-pci back to its original driver,
+        whoever holds it (the daemon has stopped; its pods are going)."""
+        lines = [f"journal: {line}" for line in await asyncio.to_thread(self.binder.recover)]
+        bound = sorted(await asyncio.to_thread(self.journal.all_bound))
+        if bound:
+            for result in await self.restore(bound, force=True):
+                lines += [f"{address}: returned to {driver or 'no driver'}" for address, driver in result.restored]
+        return lines
+
     # -- for people at a node (``cdiplug vfio``, ``cdiplug doctor``) ---------------------------------
 
     async def node_checks(self) -> Sequence[Finding]:

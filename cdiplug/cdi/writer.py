@@ -1,7 +1,10 @@
 """Writes cdiplug's CDI spec files: one per kind, atomically, only when their content changes.
 
-File names are ``cdiplug-<vendor>-<class>.json`` in the CDI folder (``docs/architecture.md``); the prefix marks
-the files cdiplug owns, so :meth:`SpecWriter.remove_stale` (:func:`.sweep.sweep`) never touches anyone else's. A write is
+File names are ``cdiplug-<vendor>-<class>.json`` in the CDI folder, or ``cdiplug.<instance>.<vendor>-<class>.json``
+for a named instance (:class:`~cdiplug.models.instance.Instance`, ``docs/architecture.md``); the
+prefix marks the files this instance owns, so :meth:`SpecWriter.remove_stale` (:func:`.sweep.sweep`)
+never touches anyone else's. Besides one spec per kind, the writer keeps files of given bytes
+(:meth:`SpecWriter.write_file`: the DRA front end's per-claim specs) the same way. A write is
 a temporary file in the same folder (a name runtimes ignore: it does not end in ``.json``),
 fsync, rename over the old file, fsync the folder: a runtime sees the old spec or the new one,
 never half of one, and a failure leaves the old file as it was.
@@ -21,14 +24,14 @@ import logging
 import os
 import stat as stat_module
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cdiplug.cdi.sweep import sweep, unlink
 from cdiplug.errors import CdiError, InputError
 from cdiplug.models.devices import DeviceSnapshot
-from cdiplug.models.names import spec_file_name
-from cdiplug.toolkit.atomic import TEMP_SUFFIX, make_dirs, write_atomic
+from cdiplug.models.instance import Instance
+from cdiplug.toolkit.atomic import make_dirs, write_atomic
 from cdiplug.toolkit.files import read_bounded
 from cdiplug.toolkit.tally import CDI_WRITE_FAILURES
 
@@ -36,10 +39,6 @@ log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
-OWN_PREFIX = "cdiplug-"
-# Per-claim specs of the DRA front end (cdiplug.dra.claimspec): that front end cleans them up
-# against its own checkpoint; this writer never removes them.
-CLAIM_PREFIX = "cdiplug-claim-"
 MOVED_ASIDE = ".moved-aside-"
 
 
@@ -88,14 +87,14 @@ class _Written:
 
     __slots__ = ("snapshot", "size", "digest", "stamp")
 
-    def __init__(self, snapshot: DeviceSnapshot, size: int, digest: bytes, stamp: _Stamp) -> None:
+    def __init__(self, snapshot: DeviceSnapshot | None, size: int, digest: bytes, stamp: _Stamp) -> None:
         self.snapshot = snapshot
         self.size = size
         self.digest = digest
         self.stamp = stamp
 
     @classmethod
-    def of(cls, snapshot: DeviceSnapshot, content: bytes, stamp: _Stamp) -> _Written:
+    def of(cls, snapshot: DeviceSnapshot | None, content: bytes, stamp: _Stamp) -> _Written:
         return cls(snapshot, len(content), _digest(content), stamp)
 
     def holds(self, content: bytes | None) -> bool:
@@ -115,9 +114,11 @@ class SpecWriter:
     several threads at once.
     """
 
-    def __init__(self, cdi_dir: Path | str) -> None:
+    def __init__(self, cdi_dir: Path | str, names: Instance | None = None) -> None:
         self.cdi_dir = Path(cdi_dir)
-        self._written: dict[str, _Written] = {}
+        self.names = names if names is not None else Instance()
+        self._written: dict[str, _Written] = {}  # by kind
+        self._files: dict[str, _Written] = {}  # files of given bytes, by name
         self._paths: dict[str, Path] = {}
         self._lock = threading.Lock()
 
@@ -125,7 +126,7 @@ class SpecWriter:
         """``example.com/fpga`` -> ``<cdi_dir>/cdiplug-example.com-fpga.json`` (kind checked first)."""
         path = self._paths.get(kind)
         if path is None:
-            path = self.cdi_dir / spec_file_name(kind)  # raises for a bad kind: never remembered
+            path = self.cdi_dir / self.names.resource_spec(kind)  # raises for a bad kind: never remembered
             if len(self._paths) < 1024:
                 self._paths[kind] = path
         return path
@@ -157,26 +158,95 @@ class SpecWriter:
             if not snapshot.devices:
                 self._written.pop(kind, None)
                 return unlink(path)
-            content = self.render(kind, snapshot)
-            if stamp is not None and stamp.regular and stamp.mode & 0o7777 == FILE_MODE:
-                if last is not None and unchanged and last.holds(content):
-                    self._written[kind] = _Written.of(snapshot, content, stamp)
-                    return False
-                if last is None and _read(path, len(content)) == content:  # as left by our previous run
-                    self._written[kind] = _Written.of(snapshot, content, stamp)
-                    return False
-            if stamp is not None and not stamp.regular:
-                self._move_aside(path, stamp)
-            elif stamp is not None and last is not None and not unchanged:
-                log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
-            self._written.pop(kind, None)
-            try:
-                new_stamp = self._replace(path, content)
-            except CdiError:
-                CDI_WRITE_FAILURES.add(kind)
-                raise
-            self._written[kind] = _Written.of(snapshot, content, new_stamp)
-            return True
+            return self._put(self._written, kind, path, snapshot, self.render(kind, snapshot), stamp, unchanged)
+
+    def write_file(self, name: str, content: bytes, *, verify: bool = False, durable: bool = True) -> bool:
+        """Make the file ``name`` of the CDI folder hold ``content``; True when the file changed.
+
+        As :meth:`write`, for a spec rendered by its owner (a DRA claim's): one ``lstat`` when the
+        file is as last written with these bytes (``verify`` reads them too). ``name`` is one of
+        this instance's spec names (CdiError otherwise: never a path that leaves the folder).
+        """
+        if not self.names.owns_spec(name) or "/" in name:
+            raise CdiError(f"{name[:120]!r} is no CDI spec name of {self.names.label}")
+        path = self.cdi_dir / name
+        with self._lock:
+            last = self._files.get(name)
+            stamp = _stat(path)
+            unchanged = last is not None and stamp == last.stamp
+            if unchanged and last is not None and last.holds(content) and (not verify or last.holds(_read(path, last.size))):
+                return False
+            if unchanged and verify:
+                unchanged, stamp = False, _stat(path)  # same stamp, other bytes: look again, rewrite
+            return self._put(self._files, name, path, None, content, stamp, unchanged, durable=durable)
+
+    def file_is_current(self, name: str, content: bytes) -> bool:
+        """Whether the file ``name`` is as :meth:`write_file` last wrote it, with ``content`` (one ``lstat``)."""
+        last = self._files.get(name)
+        if last is None or not last.holds(content):
+            return False
+        try:
+            return _stat(self.cdi_dir / name) == last.stamp
+        except CdiError:
+            return False
+
+    def remove_file(self, name: str) -> bool:
+        """Forget the file ``name`` (kept by :meth:`write_file`) and remove it; False when it was not there."""
+        if not self.names.owns_spec(name) or "/" in name:
+            raise CdiError(f"{name[:120]!r} is no CDI spec name of {self.names.label}")
+        with self._lock:
+            self._files.pop(name, None)
+            return unlink(self.cdi_dir / name)
+
+    def adopt_file(self, name: str, limit: int) -> bytes | None:
+        """The bytes of this instance's spec ``name`` as it is on disk (a regular file of mode 0644,
+        at most ``limit`` bytes), remembered as written by :meth:`write_file`; None when there is none."""
+        if not self.names.owns_spec(name) or "/" in name:
+            raise CdiError(f"{name[:120]!r} is no CDI spec name of {self.names.label}")
+        path = self.cdi_dir / name
+        with self._lock:
+            stamp = _stat(path)
+            if stamp is None or not stamp.regular or stamp.mode & 0o7777 != FILE_MODE:
+                return None
+            content = _read(path, limit)
+            if content is None or _stat(path) != stamp:
+                return None
+            self._files[name] = _Written.of(None, content, stamp)
+            return content
+
+    def _put(
+        self,
+        written: dict[str, _Written],
+        key: str,
+        path: Path,
+        snapshot: DeviceSnapshot | None,
+        content: bytes,
+        stamp: _Stamp | None,
+        unchanged: bool,
+        *,
+        durable: bool = True,
+    ) -> bool:
+        """Write ``content`` at ``path`` unless it is there already; remember it as ``written[key]``."""
+        last = written.get(key)
+        if stamp is not None and stamp.regular and stamp.mode & 0o7777 == FILE_MODE:
+            if last is not None and unchanged and last.holds(content):
+                written[key] = _Written.of(snapshot, content, stamp)
+                return False
+            if last is None and _read(path, len(content)) == content:  # as left by our previous run
+                written[key] = _Written.of(snapshot, content, stamp)
+                return False
+        if stamp is not None and not stamp.regular:
+            self._move_aside(path, stamp)
+        elif stamp is not None and last is not None and not unchanged:
+            log.warning("CDI spec %s was changed behind cdiplug's back; writing it again", path)
+        written.pop(key, None)
+        try:
+            new_stamp = self._replace(path, content, durable=durable)
+        except CdiError:
+            CDI_WRITE_FAILURES.add(key if snapshot is not None else "claim")  # owner-rendered files are claims' specs
+            raise
+        written[key] = _Written.of(snapshot, content, new_stamp)
+        return True
 
     def is_current(self, kind: str, snapshot: DeviceSnapshot) -> bool:
         """Whether the file of ``kind`` is as we last wrote it and holds ``snapshot``'s spec.
@@ -193,29 +263,36 @@ class SpecWriter:
             return False
 
     def remove_stale(self, keep_kinds: Iterable[str]) -> list[Path]:
-        """Remove cdiplug's own spec files (``cdiplug-*.json``) for kinds not in ``keep_kinds``.
+        """Remove this instance's per-kind spec files for kinds not in ``keep_kinds``.
 
-        Per-claim specs (``cdiplug-claim-*.json``) are the DRA front end's and are left alone.
-        Also removes temporary files a crash may have left behind. Never touches other files.
-        Returns the paths removed.
+        Per-claim specs are their owner's (:meth:`remove_stale_files`). Also removes temporary
+        files a crash may have left behind. Never touches another instance's files or anyone
+        else's. Returns the paths removed.
         """
-        keep = {spec_file_name(k) for k in keep_kinds}
+        keep = {self.names.resource_spec(k) for k in keep_kinds}
+        names = self.names
 
         def stale(name: str) -> bool:
-            ours = name.startswith(OWN_PREFIX) and not name.startswith(CLAIM_PREFIX) and name.endswith(".json")
-            leftover = name.startswith("." + OWN_PREFIX) and name.endswith(TEMP_SUFFIX)
-            return (ours and name not in keep) or leftover
+            return (names.is_resource_spec(name) and name not in keep) or names.is_leftover(name)
 
         with self._lock:
             removed = sweep(self.cdi_dir, stale)
-            self._written = {k: w for k, w in self._written.items() if spec_file_name(k) in keep}
+            self._written = {k: w for k, w in self._written.items() if names.resource_spec(k) in keep}
         return removed
 
-    def _replace(self, path: Path, content: bytes) -> _Stamp:
+    def remove_stale_files(self, stale: Callable[[str], bool]) -> list[Path]:
+        """Remove this instance's spec files whose name ``stale`` accepts (and forget them)."""
+        with self._lock:
+            removed = sweep(self.cdi_dir, lambda name: self.names.owns_spec(name) and stale(name))
+            for path in removed:
+                self._files.pop(path.name, None)
+        return removed
+
+    def _replace(self, path: Path, content: bytes, *, durable: bool = True) -> _Stamp:
         """Write ``content`` to a temporary file beside ``path`` and rename it over ``path``."""
         self.ensure_folder()
         try:
-            written = write_atomic(path, content, FILE_MODE)
+            written = write_atomic(path, content, FILE_MODE, durable=durable)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
         # The stamp after the rename (which may change the ctime), if it is still our file as we

@@ -34,7 +34,6 @@ import attrs
 import cattrs
 
 from cdiplug.backend import CheckedOptions, ClaimConfigurable, Configured
-from cdiplug.config import converter
 from cdiplug.dra import shares
 from cdiplug.dra.checkpoint import PreparedClaim
 from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, ConfigEntry
@@ -42,6 +41,7 @@ from cdiplug.errors import InvalidRequest
 from cdiplug.host.preparations import Preparations
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
 from cdiplug.toolkit.brief import brief
+from cdiplug.toolkit.strict import converter
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The CDI spec of one prepared claim: ``cdiplug-claim-<claim uid>.json`` in the CDI folder.
+"""The CDI spec of one prepared claim: ``cdiplug-claim-<claim uid>.json`` in the CDI folder
+(``cdiplug.<instance>.claim-<claim uid>.json`` for a named instance: :mod:`cdiplug.models.instance`).
 
 Each claim gets a spec of its own holding exactly its devices and the claim-level env a
 container of the claim needs (the backend's ``ids_env`` with the claim's device IDs:
@@ -12,14 +13,15 @@ Names: kind ``k8s.<driver>/claim`` (``k8s.fpga.example.com/claim``), device
 front end can hold (their kinds are resource names; the configuration refuses a kind whose file
 would start ``cdiplug-claim-``), so runtimes never see two definitions of one device.
 
-The per-resource :class:`~cdiplug.cdi.writer.SpecWriter` leaves ``cdiplug-claim-*`` files alone;
-the DRA front end removes those its checkpoint does not know (:func:`remove_stale`). Blocking
-functions: call them through ``asyncio.to_thread``.
+The files go through the one owner of the CDI folder, the backend host's
+:class:`~cdiplug.host.SpecKeepers`: written atomically, kept (a claim spec deleted or changed
+while the claim is prepared is written again by the folder's watch, as a resource's is), and
+removed, by this instance only. The DRA front end removes those its checkpoint does not know
+(:func:`remove_stale`) and keeps those it does (:func:`adopt`) at start.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -28,15 +30,11 @@ import attrs
 
 from cdiplug.cdi.build import build_spec
 from cdiplug.cdi.spec import to_json
-from cdiplug.cdi.sweep import sweep
 from cdiplug.errors import CdiError
+from cdiplug.host.specs import SpecKeepers
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Mount
-from cdiplug.toolkit.atomic import make_dirs, write_atomic
-from cdiplug.toolkit.tally import CDI_WRITE_FAILURES
+from cdiplug.models.instance import Instance
 
-CLAIM_PREFIX = "cdiplug-claim-"
-FILE_MODE = 0o644
-DIR_MODE = 0o755
 _UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?")
 
 
@@ -51,8 +49,9 @@ def claim_kind(driver: str) -> str:
     return f"k8s.{driver}/claim"
 
 
-def file_name(uid: str) -> str:
-    return f"{CLAIM_PREFIX}{check_uid(uid)}.json"
+def file_name(names: Instance, uid: str) -> str:
+    """The claim's spec file name, this instance's (the UID checked)."""
+    return names.claim_spec(check_uid(uid))
 
 
 def cdi_name(driver: str, uid: str, device: str) -> str:
@@ -90,42 +89,35 @@ def render(
     return to_json(build_spec(claim_kind(driver), claim_snapshot))
 
 
-def write(cdi_dir: Path, uid: str, content: bytes) -> Path:
-    """Write the claim's spec atomically; CdiError on failure (no half-written file).
+async def write(specs: SpecKeepers, uid: str, content: bytes) -> None:
+    """Write the claim's spec atomically and keep it so (the CDI folder's watch writes it again
+    should it go while the claim is prepared); CdiError on failure (no half-written file).
 
     Without fsync: the rename is atomic for the runtime, which reads it after our answer, and for
     a process that dies; a power loss is a reboot, after which the start-up restore writes every
     prepared claim's spec again from the checkpoint (:mod:`.restore`), so a durable spec would
     buy nothing and cost two fsyncs on every prepare where the CDI folder is on a disk.
     """
-    path = Path(cdi_dir) / file_name(uid)
-    try:
-        make_dirs(Path(cdi_dir), DIR_MODE)
-        write_atomic(path, content, FILE_MODE, durable=False)
-    except OSError as exc:
-        CDI_WRITE_FAILURES.add("claim")
-        raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
-    return path
+    await specs.keep_file(file_name(specs.names, uid), content, durable=False)
 
 
-def remove(cdi_dir: Path, uid: str) -> bool:
-    """Remove the claim's spec; False when it was not there."""
-    path = Path(cdi_dir) / file_name(uid)
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise CdiError(f"cannot remove CDI spec {path}: {exc.strerror}") from exc
+async def remove(specs: SpecKeepers, uid: str) -> bool:
+    """Stop keeping the claim's spec and remove it; False when it was not there."""
+    return await specs.drop_file(file_name(specs.names, uid))
 
 
-def remove_stale(cdi_dir: Path, keep_uids: Iterable[str]) -> list[Path]:
-    """Remove claim specs whose claim is not in ``keep_uids`` (a crash between write and checkpoint)."""
-    keep = {f"{CLAIM_PREFIX}{u}.json" for u in keep_uids}
-    return sweep(cdi_dir, lambda name: name.startswith(CLAIM_PREFIX) and name.endswith(".json") and name not in keep)
+async def remove_stale(specs: SpecKeepers, keep_uids: Iterable[str]) -> list[Path]:
+    """Remove this instance's claim specs whose claim is not in ``keep_uids`` (a crash between
+    write and checkpoint); CdiError when one cannot be."""
+    keep = {file_name(specs.names, u) for u in keep_uids}
+    return await specs.remove_stale_files(lambda name: specs.names.is_claim_spec(name) and name not in keep)
 
 
-def exists(cdi_dir: Path, uid: str) -> bool:
+async def adopt(specs: SpecKeepers, uids: Iterable[str]) -> int:
+    """Keep the specs an earlier run wrote for these claims as they are on disk; how many were there."""
+    return sum([await specs.adopt_file(file_name(specs.names, u)) for u in uids])
+
+
+def exists(specs: SpecKeepers, uid: str) -> bool:
     """Whether the claim's spec is there."""
-    return (Path(cdi_dir) / file_name(uid)).exists()
+    return (specs.cdi_dir / file_name(specs.names, uid)).exists()

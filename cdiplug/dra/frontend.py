@@ -113,9 +113,10 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
         if self.instance is not None:
             await asyncio.to_thread(self.instance.acquire)  # before we record any claim as ours
             await self.store.refresh()
+        self.host.specs.guard_files(self.spec_wanted)
         self.boot_id = await asyncio.to_thread(read_boot_id, self.world.host_path(BOOT_ID))
         alive = self.instance.alive if self.instance is not None else (lambda owner: False)
-        await roll_back_started(self.store, self.host, self.world.cdi_dir, alive)  # before any driver serves
+        await roll_back_started(self.store, self.host, alive)  # before any driver serves
         async with self.store.locked():  # the other daemon of a rolling update records nothing meanwhile
             await self._remove_stale_specs()
             await self._remove_stale_metadata(resources)
@@ -169,14 +170,35 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
         drv.preparer.drain(functools.partial(self._drained, drv))
 
     async def _remove_stale_specs(self) -> None:
+        """Claim specs the checkpoint does not know go; those it does are kept from now on."""
         keep = [c.uid for c in self.store.all()]
         try:
-            removed = await asyncio.to_thread(claimspec.remove_stale, self.world.cdi_dir, keep)
+            removed = await claimspec.remove_stale(self.host.specs, keep)
         except CdiplugError as exc:
             log.error("cannot clean up old claim CDI specs: %s", exc)
-            return
+            removed = []
         for path in removed:
             log.info("removed CDI spec %s (its claim is not prepared)", path)
+        try:
+            await claimspec.adopt(self.host.specs, [c.uid for c in self.store.all() if c.spec_file])
+        except CdiplugError as exc:
+            log.error("cannot keep the CDI specs of prepared claims: %s", exc)
+
+    async def spec_wanted(self, name: str) -> bool:
+        """Whether the claim spec ``name``, gone or changed, is to be written again (the CDI
+        folder's watch asks): its claim is prepared, by this daemon or by one that no longer runs
+        (in a rolling update the other pod keeps, or unprepares, its own claims' specs)."""
+        uid = self.world.names.claim_uid(name)
+        if uid is None:
+            return False
+        if self.instance is not None:
+            await self.store.refresh()  # the other pod may have unprepared it
+        record = self.store.get(uid)
+        if record is None or not record.spec_file:
+            return False
+        if self.instance is None or not record.owner or record.owner == self.instance.instance:
+            return True
+        return not await asyncio.to_thread(self.instance.alive, record.owner)
 
     async def _remove_stale_metadata(self, resources: Sequence[ResourceConfig[Any]]) -> None:
         """Device metadata folders of claims the checkpoint does not know (a crash mid-prepare)."""
@@ -193,7 +215,6 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             self.host,
             self.store,
             self.client,
-            self.world.cdi_dir,
             self.recorder,
             boot_id=self.boot_id,
             plugins_dir=self.world.plugins_dir,

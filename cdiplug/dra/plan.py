@@ -32,8 +32,10 @@ from cdiplug.dra.rollback import Step
 from cdiplug.dra.slices import names_to_ids
 from cdiplug.errors import DeviceUnavailable
 from cdiplug.host.preparations import Preparations
+from cdiplug.host.specs import SpecKeepers
 from cdiplug.kube.client import KubeClient
 from cdiplug.models.devices import Device, DeviceSnapshot, Mount
+from cdiplug.models.instance import Instance
 
 
 @frozen
@@ -49,6 +51,17 @@ async def read_claim(client: KubeClient, ref: ClaimRef, driver: str, node: str, 
     device metadata); InvalidRequest when it is not ours to prepare."""
     obj = await client.get_claim(ref.namespace, ref.name)
     return ReadClaim(allocated(obj, ref, driver, node), metadata.pod_claim_name(obj) if pod_claim else None)
+
+
+async def check_unchanged(client: Callable[[], KubeClient], ref: ClaimRef, done: PreparedClaim, node: str) -> None:
+    """A repeated prepare of a claim prepared with a configuration: InvalidRequest when the claim
+    has another one now (:func:`~.claim_config.check_unchanged`; the checkpoint answers when it
+    cannot be read)."""
+
+    async def read() -> AllocatedClaim:
+        return (await read_claim(client(), ref, done.driver, node)).claim
+
+    await claim_config.check_unchanged(read, ref, done)
 
 
 @frozen
@@ -81,6 +94,7 @@ class Planner:
     metadata_dir: Path | None = None  # device metadata (``device_metadata: true``) go below it
     boot_id: str | None = None
     instance: str = ""  # the pod UID of this daemon: the owner of what it starts preparing
+    names: Instance = Instance()  # of the files of this cdiplug instance (its claim specs)
 
     def fresh(self, read: ReadClaim, snapshot: DeviceSnapshot | None) -> ClaimPlan:
         """The plan of a claim the kubelet asks us to prepare; DeviceUnavailable or InvalidRequest
@@ -106,9 +120,12 @@ class Planner:
         record = self._record(claim, wanted, shapes)
         return self._with_metadata(ClaimPlan(record, claim, wanted, shapes, snapshot), read.pod_claim)
 
-    def again(self, record: PreparedClaim, snapshot: DeviceSnapshot, pod_claim: str | None) -> ClaimPlan:
-        """The plan of a completed claim prepared again as its record has it (restore);
-        DeviceUnavailable when a device it names is gone."""
+    async def again(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> ClaimPlan:
+        """The plan of a completed claim prepared again as its record has it (restore: its device
+        metadata name the pod's claim as written then); DeviceUnavailable when a device it names is gone."""
+        pod_claim = None
+        if self.metadata_dir is not None:
+            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.metadata_dir, record)
         gone = [d.device for d in record.devices if snapshot.get(d.device_id) is None]
         if gone:
             raise DeviceUnavailable(f"{self.driver}: claim {record.uid} names devices this node no longer has: {', '.join(gone)}")
@@ -160,7 +177,7 @@ class Planner:
             self.driver,
             self.resource,
             devices,
-            claimspec.file_name(ref.uid),
+            claimspec.file_name(self.names, ref.uid),
             ClaimState.STARTED,
             claim.configs,
             self.boot_id,
@@ -176,7 +193,7 @@ async def materialize(
     plan: ClaimPlan,
     preparations: Preparations,
     configurable: ClaimConfigurable[Any] | None,
-    cdi_dir: Path,
+    specs: SpecKeepers,
     step: Callable[[Step, str], Awaitable[None]] = no_step,
 ) -> list[tuple[str, Device]]:
     """Carry ``plan`` out: its devices prepared through the host (idempotent), its device metadata
@@ -194,7 +211,7 @@ async def materialize(
     if plan.metadata_dir is not None:
         by_device = {d.device: device for d, (_, device) in zip(record.devices, devices)}
         await asyncio.to_thread(metadata.write, plan.metadata_dir, record, by_device, plan.pod_claim)
-    await asyncio.to_thread(claimspec.write, cdi_dir, record.uid, content)
+    await claimspec.write(specs, record.uid, content)
     await step(Step.SPEC, record.uid)
     return devices
 

@@ -66,17 +66,17 @@ from typing import Any
 import attrs
 
 from cdiplug.backend import ClaimConfigurable
-from cdiplug.dra import claim_config, claimspec, metadata, status
+from cdiplug.dra import claimspec, status
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
-from cdiplug.dra.claims import AllocatedClaim, ClaimRef
+from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.drain import Drain
 from cdiplug.dra.handler import ClaimHandler
-from cdiplug.dra.plan import ClaimPlan, Planner, materialize, no_step, read_claim
+from cdiplug.dra.plan import ClaimPlan, Planner, check_unchanged, materialize, no_step, read_claim
 from cdiplug.dra.restore import Restorer
 from cdiplug.dra.rollback import Step, undo
 from cdiplug.dra.settings import driver_of, settings_of
 from cdiplug.dra.statuswriter import StatusWriter
-from cdiplug.errors import DeviceUnavailable, InvalidRequest
+from cdiplug.errors import DeviceUnavailable
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
 from cdiplug.models.devices import Device, DeviceSnapshot
@@ -112,7 +112,6 @@ class ClaimPreparer(ClaimHandler):
         host: BackendHost,
         store: ClaimStore,
         client: Callable[[], KubeClient],
-        cdi_dir: Path,
         recorder: Recorder = NULL_RECORDER,
         pause_after: str | None = None,
         boot_id: str | None = None,
@@ -126,14 +125,13 @@ class ClaimPreparer(ClaimHandler):
         self.host = host
         self.store = store
         self.client = client
-        self.cdi_dir = Path(cdi_dir)
         self.recorder = recorder
         self.pause_after = pause_after if pause_after is not None else os.environ.get(PAUSE_ENV) or None
         self.boot_id = boot_id
         self.instance = instance  # our pod UID, recorded as the owner of what we start preparing
         self._locks: KeyedLock[str] = KeyedLock()
         self._status = StatusWriter(client, self.driver)
-        self._restorer = Restorer(store, self.driver, self.cdi_dir, boot_id, self._locks, self._respec)
+        self._restorer = Restorer(store, self.driver, host.specs, boot_id, self._locks, self._respec)
         self._drain = Drain(store, self.driver)
         self._known = asyncio.Event()  # set by devices_known(): the backend has reported
 
@@ -168,7 +166,16 @@ class ClaimPreparer(ClaimHandler):
         """Planned with the resource as configured now (a reload may change it) and its backend's abilities."""
         rc = self.resource
         metadata_dir = self.plugins_dir if settings_of(rc).device_metadata else None
-        return Planner(self.driver, rc.name, self.node, self._configurable(), metadata_dir, self.boot_id, self.instance)
+        return Planner(
+            self.driver,
+            rc.name,
+            self.node,
+            self._configurable(),
+            metadata_dir,
+            self.boot_id,
+            self.instance,
+            self.host.specs.names,
+        )
 
     # -- prepare --
 
@@ -237,7 +244,7 @@ class ClaimPreparer(ClaimHandler):
         self, plan: ClaimPlan, step: Callable[[Step, str], Awaitable[None]] = no_step
     ) -> list[tuple[str, Device]]:
         preparations = self.host.preparations(self.resource.name)
-        return await materialize(plan, preparations, self._configurable(), self.cdi_dir, step)
+        return await materialize(plan, preparations, self._configurable(), self.host.specs, step)
 
     def _write_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
         """Our entries of the claim's ``status.devices`` (KEP-4817), in the background (:class:`~.statuswriter.StatusWriter`)."""
@@ -249,32 +256,17 @@ class ClaimPreparer(ClaimHandler):
 
     async def _same_configuration(self, ref: ClaimRef, done: PreparedClaim) -> None:
         if done.configs:  # else answered from the checkpoint without a read, as ever
-
-            async def read() -> AllocatedClaim:
-                return (await read_claim(self.client(), ref, done.driver, self.node)).claim
-
-            await claim_config.check_unchanged(read, ref, done)
-
-    async def _remove_metadata(self, record: PreparedClaim) -> None:
-        # Whatever the setting is now: it may have been on when the claim was prepared.
-        if self.plugins_dir is None or not record.devices:
-            return
-        try:
-            metadata.check_names(record.namespace, record.name, record.driver)
-        except InvalidRequest:
-            return  # no path was ever built from these names: nothing written
-        await asyncio.to_thread(metadata.remove, self.plugins_dir, record.driver, record.namespace, record.name, record.uid)
+            await check_unchanged(self.client, ref, done, self.node)
 
     async def _roll_back(self, record: PreparedClaim, why: str) -> None:
         try:
-            await self._remove_metadata(record)
-            await undo(record, self.host, self.store, self.cdi_dir)
+            await undo(record, self.host, self.store, plugins_dir=self.plugins_dir)
         except Exception as exc:  # kept as started: unprepare or the next start tries again
             log.error("claim %s/%s (%s): %s, and rolling it back failed: %s", record.namespace, record.name, record.uid, why, exc)
 
     async def _ensure_spec(self, done: PreparedClaim) -> None:
         """Write the spec of a checkpointed claim again if it went missing; DeviceUnavailable when it cannot be."""
-        if not done.spec_file or claimspec.exists(self.cdi_dir, done.uid):
+        if not done.spec_file or claimspec.exists(self.host.specs, done.uid):
             return
         snapshot = self.host.latest(self.resource.name)
         if snapshot is None:  # never answer CDI names whose spec is not there: the kubelet retries
@@ -283,11 +275,7 @@ class ClaimPreparer(ClaimHandler):
 
     async def _respec(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> None:
         """A completed claim planned again from its record and materialized (the host's preparation is idempotent)."""
-        planner = self._planner()
-        pod_claim = None
-        if planner.metadata_dir is not None:
-            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, planner.metadata_dir, record)
-        await self._materialize(planner.again(record, snapshot, pod_claim))
+        await self._materialize(await self._planner().again(record, snapshot))
         log.info("prepared claim %s/%s (%s) again and wrote its CDI spec", record.namespace, record.name, record.uid)
 
     # -- restore at start (:mod:`.restore`) --
@@ -325,8 +313,12 @@ class ClaimPreparer(ClaimHandler):
                 await self._read_shared()
                 record = self.store.get(ref.uid)
                 if record is not None:  # else never prepared here, or already unprepared
-                    await self._remove_metadata(record)
-                    await undo(record, self.host, self.store, self.cdi_dir, self._step)
+                    if self.instance and record.owner != self.instance:
+                        # Ours from now on: the other pod of a rolling update, which may keep its
+                        # spec, lets it go (:meth:`DraFrontEnd.spec_wanted`) rather than write it again.
+                        record = attrs.evolve(record, owner=self.instance)
+                        await self.store.put(record)
+                    await undo(record, self.host, self.store, self._step, self.plugins_dir)
                     log.info("unprepared claim %s (%s)", ref, record.state.value, extra={"resource": record.resource})
                 self._write_status(ref, [])  # also what a failed prepare wrote
             ok = True

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import attrs
 
 from cdiplug.dra import claimspec
 from cdiplug.dra.checkpoint import ClaimStore, PreparedClaim
+from cdiplug.host.specs import SpecKeepers
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.toolkit.keyedlock import KeyedLock
 
@@ -35,14 +35,14 @@ class Restorer:
         self,
         store: ClaimStore,
         driver: str,
-        cdi_dir: Path,
+        specs: SpecKeepers,
         boot_id: str | None,
         locks: KeyedLock[str],
         respec: Callable[[PreparedClaim, DeviceSnapshot], Awaitable[None]],
     ) -> None:
         self.store = store
         self.driver = driver
-        self.cdi_dir = cdi_dir
+        self.specs = specs
         self.boot_id = boot_id
         self._locks = locks  # the preparer's, per claim UID
         self._respec = respec  # the claim planned again and materialized
@@ -94,7 +94,7 @@ class Restorer:
         if record is None or not record.completed or not record.spec_file:
             return 0  # unprepared meanwhile
         new_boot = self.boot_id is not None and record.boot_id != self.boot_id
-        if not new_boot and claimspec.exists(self.cdi_dir, uid):
+        if not new_boot and claimspec.exists(self.specs, uid):
             return 0
         why = f"prepared in an earlier boot ({record.boot_id or 'unknown'})" if new_boot else "its CDI spec is missing"
         try:

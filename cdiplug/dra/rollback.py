@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cdiplug.dra import claimspec
+from cdiplug.dra import claimspec, metadata
 from cdiplug.dra.checkpoint import ClaimStore, PreparedClaim
+from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import Device
 
@@ -45,20 +46,34 @@ async def undo(
     record: PreparedClaim,
     host: BackendHost,
     store: ClaimStore,
-    cdi_dir: Path,
     step: Callable[[Step, str], Any] = _no_step,
+    plugins_dir: Path | None = None,
 ) -> None:
-    """Remove the claim's spec, release its devices through the host, forget the claim: in that order.
+    """Remove the claim's device metadata (below ``plugins_dir``, whatever the setting is now: it
+    may have been on when the claim was prepared) and spec, release its devices through the host,
+    forget the claim: in that order.
 
     A device another claim of the checkpoint still names (admin access, a shared device) stays
     prepared. Raises (keeping the record) when the backend cannot release.
     """
+    if plugins_dir is not None:
+        await _remove_metadata(record, plugins_dir)
     if record.spec_file:
-        await asyncio.to_thread(claimspec.remove, cdi_dir, record.uid)
+        await claimspec.remove(host.specs, record.uid)
     await step(Step.SPEC_REMOVED, record.uid)
     await _release(record, host, store)
     await step(Step.RELEASED, record.uid)
     await store.remove(record.uid)
+
+
+async def _remove_metadata(record: PreparedClaim, plugins_dir: Path) -> None:
+    if not record.devices:
+        return
+    try:
+        metadata.check_names(record.namespace, record.name, record.driver)
+    except InvalidRequest:
+        return  # no path was ever built from these names: nothing written
+    await asyncio.to_thread(metadata.remove, plugins_dir, record.driver, record.namespace, record.name, record.uid)
 
 
 async def _release(record: PreparedClaim, host: BackendHost, store: ClaimStore) -> None:
@@ -83,9 +98,7 @@ async def _release(record: PreparedClaim, host: BackendHost, store: ClaimStore) 
     await preparations.release(record.resource, devices)
 
 
-async def roll_back_started(
-    store: ClaimStore, host: BackendHost, cdi_dir: Path, alive: Callable[[str], bool] = lambda owner: False
-) -> int:
+async def roll_back_started(store: ClaimStore, host: BackendHost, alive: Callable[[str], bool] = lambda owner: False) -> int:
     """At start, before any driver serves: undo every claim left ``PrepareStarted``; how many were.
 
     A claim whose owner is ``alive`` (the other daemon of a rolling update, preparing it now) is
@@ -115,7 +128,7 @@ async def roll_back_started(
             )
             continue
         try:
-            await undo(record, host, store, cdi_dir)
+            await undo(record, host, store)
         except Exception as exc:
             log.error("cannot roll back claim %s/%s (%s), left half prepared: %s", record.namespace, record.name, record.uid, exc)
             continue

@@ -13,7 +13,7 @@ bytes).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from attrs import frozen
 from cdiplug.backend import BackendPlugin
 from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, ResourceProblem, socket_problem
 from cdiplug.models.devices import HealthCause
+from cdiplug.models.instance import DRA_DRIVER
 from cdiplug.models.names import dns_label_for, is_dns_subdomain
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
@@ -115,6 +116,9 @@ class DraApi(FrontEndTypeBase):
             elif driver in seen:
                 yield ResourceProblem(rc.name, "dra_driver", f"DRA driver {driver!r} is already used by {seen[driver]}")
             seen.setdefault(driver, rc.name)
+
+    def owned_names(self, resource: ResourceConfig[object]) -> Iterable[tuple[str, str]]:
+        return ((DRA_DRIVER, driver_of(resource)),)
 
     def check_node(self, resources: Sequence[ResourceConfig[object]], world: World) -> Iterator[ResourceProblem]:
         for rc in resources:

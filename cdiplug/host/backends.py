@@ -121,7 +121,7 @@ class BackendHost:
         self.supervisor = supervisor
         self.plugins = load_plugins() if plugins is None else plugins
         self.recorder = recorder
-        self.specs = specs if specs is not None else SpecKeepers(world.cdi_dir)
+        self.specs = specs if specs is not None else SpecKeepers(world.cdi_dir, names=world.names)
         self.backoff = backoff
         self._runs: dict[str, _BackendRun] = {}  # by plugin
         self._by_resource: dict[str, _BackendRun] = {}

@@ -41,6 +41,9 @@ CLAIM_PART = "claim-"
 SPEC_SUFFIX = ".json"
 INSTANCES_FOLDER = "instances"
 OWNERS_FOLDER = "owners"
+# The kinds of names an instance claims in OWNERS_FOLDER (cdiplug.host.owners).
+RESOURCE = "resource"
+DRA_DRIVER = "dra-driver"
 
 
 @frozen

@@ -82,7 +82,8 @@ def locked(path: Path, what: str, *, wait: float) -> Iterator[None]:
 
 
 def is_held(path: Path) -> bool:
-    """Whether a process holds the lock on ``path`` now; False when there is no such lock file (or it is none of ours)."""
+    """Whether a process holds the lock on ``path`` now, shared or exclusive; False when there is no
+    such lock file (or it is none of ours)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -90,7 +91,7 @@ def is_held(path: Path) -> bool:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the close below
     except BlockingIOError:
         return True
     finally:

@@ -89,9 +89,9 @@ async def run(root: Path, step: str, seed: int) -> None:
     await asyncio.wait_for(reported.wait(), 10)
     store = ClaimStore(world.state_dir)
     await store.load()
-    await roll_back_started(store, host, world.cdi_dir)
+    await roll_back_started(store, host)
     claims = Claims()
-    preparer = ClaimPreparer(resource, NODE, host, store, lambda: claims, world.cdi_dir, pause_after=step)  # type: ignore[arg-type, return-value]
+    preparer = ClaimPreparer(resource, NODE, host, store, lambda: claims, pause_after=step)  # type: ignore[arg-type, return-value]
     preparer.devices_known()
     await preparer.restore(latest[-1])
     say("recovered")

@@ -1,10 +1,11 @@
-"""The admission webhook on a real node: ``deploy/admission`` (the ``cdiplug webhook`` Deployment,
-its Service, RBAC and ValidatingWebhookConfiguration) beside the DRA deployment of
-``tests/cluster/overlays/dra``, with a TLS certificate made here for the Service's DNS name.
+"""The admission webhook on a real node, installed by the Helm chart (``admission.enabled``: the
+``cdiplug webhook`` Deployment, its Service, RBAC, the certificate the chart makes and the
+ValidatingWebhookConfiguration naming the release's drivers) with a DRA release of the fake
+backend (driver fpga.example.com).
 
 The API server reaches the webhook through its Service: hack/local-cluster.sh runs no kube-proxy,
 and its API server routes to a Service's endpoints itself (``--enable-aggregator-routing``); the
-pod's address on the node's bridge is reachable from the host.
+pods' addresses on the node's bridge are reachable from the host.
 
 - bad configurations (unknown field, wrong type, bad value, unknown kind, wrong apiVersion, kind
   missing, bad variable name, too many variables, a value too long, in a template, in a
@@ -14,12 +15,14 @@ pod's address on the node's bridge is reachable from the host.
 - the webhook down: another driver's claims are admitted, ours too (failurePolicy Ignore), and a bad
   one fails at prepare with the same message;
 - 200 claims created while the webhook restarts: every one is there.
+
+The session's kustomize deployment (``cdiplug`` fixture) is taken away first (it serves
+example.com/fpga too) and put back at the end. deploy/admission (the same objects for kustomize)
+is checked rendered in tests/deploy/test_admission_manifests.py.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
 import json
 import subprocess
 import time
@@ -28,74 +31,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from ..deploy.chart import CHART, helm
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-ADMISSION = REPO / "deploy" / "admission"
-DRA_TEST_OVERLAY = Path(__file__).resolve().parent / "overlays" / "dra"
-DRA_OVERLAY = REPO / "deploy" / "overlays" / "dra"
-FAKE_OVERLAY = REPO / "deploy" / "overlays" / "fake"
-NAMESPACE = "cdiplug-system"
+NAMESPACE = "cdiplug-system"  # the session's kustomize deployment
+FAKE_OVERLAY = Path(__file__).resolve().parents[2] / "deploy" / "overlays" / "fake"
+RELEASE, RELEASE_NS = "adm", "cdiplug-admission"
+WEBHOOK = f"{RELEASE}-cdiplug-webhook"  # the chart's names for release adm
 TEST_NAMESPACE = "cdiplug-admission-test"
 DRIVER = "fpga.example.com"
 OTHER = "gpu.other-vendor.example.com"
 API = "cdiplug.dev/v1alpha1"
-SERVICE_DNS = f"cdiplug-webhook.{NAMESPACE}.svc"
-
-
-def certificates() -> tuple[str, str, str]:
-    """(CA PEM, server certificate PEM, server key PEM) for the webhook's Service name."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def make(name: str, issuer: tuple[Any, x509.Name] | None, ca: bool) -> tuple[Any, x509.Certificate]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        signer, issuer_name = issuer or (key, subject)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=4))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if not ca:
-            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVICE_DNS)]), critical=False)
-        return key, builder.sign(signer, hashes.SHA256())
-
-    ca_key, ca_cert = make("cdiplug webhook test CA", None, True)
-    key, cert = make(SERVICE_DNS, (ca_key, ca_cert.subject), False)
-    pem = serialization.Encoding.PEM
-    return (
-        ca_cert.public_bytes(pem).decode(),
-        cert.public_bytes(pem).decode(),
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode(),
-    )
-
-
-def admission_objects(ca: str) -> list[dict[str, Any]]:
-    """deploy/admission as kustomize renders it, with this cluster's settings: the test DRA
-    configuration, one replica, the CA in the webhook configuration."""
-    rendered = subprocess.run(["kubectl", "kustomize", str(ADMISSION)], capture_output=True, text=True, check=True).stdout
-    objects = [o for o in yaml.safe_load_all(rendered) if o]
-    config = (DRA_TEST_OVERLAY / "config.yaml").read_text()
-    for obj in objects:
-        if obj["kind"] == "ConfigMap":
-            obj["data"]["config.yaml"] = config
-        elif obj["kind"] == "Deployment":
-            obj["spec"]["replicas"] = 1
-        elif obj["kind"] == "ValidatingWebhookConfiguration":
-            for hook in obj["webhooks"]:
-                hook["clientConfig"]["caBundle"] = base64.b64encode(ca.encode()).decode()
-    return objects
+VALUES = [
+    "--set-json",
+    'config={"resources": [{"name": "example.com/fpga", "backend": "fake", "api": "dra", "options": {"count": 2}}]}',
+    "--set",
+    "admission.enabled=true",
+]
 
 
 def fake(**body: Any) -> dict[str, Any]:
@@ -188,6 +142,24 @@ def refused_by_webhook(kube: Any, name: str) -> bool:
     return code != 0 and "shairng" in out
 
 
+def until_created(kube: Any, make: Callable[[int], dict[str, Any]], created: bool, timeout: float = 60) -> str:
+    """Create ``make(n)`` (n = 0, 1, ...) until it is created (or refused): the API server applies a
+    changed webhook configuration a moment later. What kubectl said the last time; what was
+    created on the way to a refusal is deleted."""
+    deadline = time.monotonic() + timeout
+    n = 0
+    while True:
+        obj = make(n)
+        code, out = create(kube, obj)
+        if (code == 0) == created:
+            return out
+        if code == 0:
+            kube("delete", "resourceclaim", obj["metadata"]["name"], "-n", TEST_NAMESPACE)
+        assert time.monotonic() < deadline, f"not {'created' if created else 'refused'} within {timeout:g}s: {out}"
+        n += 1
+        time.sleep(0.5)
+
+
 def wait_webhook(kube: Any, up: bool, timeout: float = 120) -> None:
     """Until a bad claim is refused (up) or admitted (down): the API server's view of the webhook."""
     deadline = time.monotonic() + timeout
@@ -200,44 +172,49 @@ def wait_webhook(kube: Any, up: bool, timeout: float = 120) -> None:
 
 @pytest.fixture(scope="module")
 def webhook(kube: Any) -> Iterator[Any]:
-    had_fake = bool(kube("get", "daemonset/cdiplug", "-n", NAMESPACE, "--ignore-not-found", "-o", "name").strip())
+    had = bool(kube("get", "daemonset/cdiplug", "-n", NAMESPACE, "--ignore-not-found", "-o", "name").strip())
+    if had:
+        kube(
+            "delete", "daemonset", "cdiplug", "-n", NAMESPACE, "--cascade=foreground", "--wait=true", "--timeout=90s", timeout=120
+        )
+    env = {"KUBECONFIG": str(kube.kubeconfig)}
+    helm("uninstall", RELEASE, "-n", RELEASE_NS, "--ignore-not-found", "--wait", env=env, timeout=200)
     kube("delete", "namespace", TEST_NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
-    kube("apply", "--validate=false", "-k", str(DRA_TEST_OVERLAY))
-    kube("rollout", "restart", "-n", NAMESPACE, "daemonset/cdiplug")
-    kube("rollout", "status", "-n", NAMESPACE, "daemonset/cdiplug", "--timeout=180s", timeout=190)
-    ca, cert, key = certificates()
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "kubernetes.io/tls",
-        "metadata": {"name": "cdiplug-webhook-tls", "namespace": NAMESPACE},
-        "stringData": {"tls.crt": cert, "tls.key": key},
-    }
-    kube.apply([secret, *admission_objects(ca)])
-    kube("rollout", "restart", "-n", NAMESPACE, "deployment/cdiplug-webhook")
-    kube("rollout", "status", "-n", NAMESPACE, "deployment/cdiplug-webhook", "--timeout=180s", timeout=190)
+    kube("delete", "namespace", RELEASE_NS, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    kube("create", "namespace", RELEASE_NS)  # not helm's --create-namespace, which validates against OpenAPI
+    result = helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        RELEASE_NS,
+        *VALUES,
+        # As kubectl's --validate=false elsewhere: this API server build cannot serve its OpenAPI document.
+        "--disable-openapi-validation",
+        "--wait",
+        "--timeout=300s",
+        env=env,
+        timeout=400,
+    )
+    assert result.returncode == 0, f"helm install: {result.stderr}"
+    kube("rollout", "status", "-n", RELEASE_NS, f"deployment/{WEBHOOK}", "--timeout=180s", timeout=190)
+    kube.watch(
+        "resourceslices",
+        lambda s: s["spec"]["driver"] == DRIVER and len(s["spec"].get("devices") or []) == 2,
+        what="the fpga.example.com slice with two devices",
+        timeout=120,
+    )
     kube("create", "namespace", TEST_NAMESPACE)
     kube("wait", "--for=create", "serviceaccount/default", "-n", TEST_NAMESPACE, "--timeout=60s", timeout=70)
     wait_webhook(kube, up=True)
     yield kube
-    kube(
-        "delete",
-        "--ignore-not-found",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": admission_objects(ca)}),
-        timeout=120,
-    )
-    kube("delete", "secret", "cdiplug-webhook-tls", "-n", NAMESPACE, "--ignore-not-found")
     kube("delete", "deviceclasses", "-l", "cdiplug.test/admission=true", "--ignore-not-found")
     kube("delete", "namespace", TEST_NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
-    kube("delete", "-f", str(DRA_OVERLAY / "deviceclass.yaml"), "--ignore-not-found", timeout=60)
-    if had_fake:
+    helm("uninstall", RELEASE, "-n", RELEASE_NS, "--ignore-not-found", "--wait", env=env, timeout=200)
+    kube("delete", "namespace", RELEASE_NS, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    if had:
         kube("apply", "--validate=false", "-k", str(FAKE_OVERLAY))
         kube("rollout", "status", "-n", NAMESPACE, "daemonset/cdiplug", "--timeout=180s", timeout=190)
-    else:
-        kube("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
-    kube("delete", "-f", str(DRA_OVERLAY / "rbac.yaml"), "--ignore-not-found", timeout=60)
 
 
 @pytest.mark.parametrize(("what", "make", "params", "message"), BAD, ids=[b[0] for b in BAD])
@@ -283,11 +260,11 @@ def test_good_claim_runs(webhook: Any) -> None:
 
 
 def test_webhook_down_admits_and_prepare_refuses(webhook: Any) -> None:
-    webhook("scale", "-n", NAMESPACE, "deployment/cdiplug-webhook", "--replicas=0")
+    webhook("scale", "-n", RELEASE_NS, f"deployment/{WEBHOOK}", "--replicas=0")
     webhook(
         "wait",
         "-n",
-        NAMESPACE,
+        RELEASE_NS,
         "--for=delete",
         "pod",
         "-l",
@@ -295,10 +272,25 @@ def test_webhook_down_admits_and_prepare_refuses(webhook: Any) -> None:
         "--timeout=90s",
         timeout=100,
     )
+    config = f"{RELEASE_NS}-{WEBHOOK}"  # the chart's ValidatingWebhookConfiguration
+
+    def failure_policy(policy: str) -> None:
+        patch = [{"op": "replace", "path": f"/webhooks/{i}/failurePolicy", "value": policy} for i in range(3)]
+        webhook("patch", "validatingwebhookconfiguration", config, "--type=json", "-p", json.dumps(patch))
+
     try:
         wait_webhook(webhook, up=False)
+        # Even with failurePolicy Fail, a down webhook holds up no other driver's claim: the API
+        # server's matchConditions never send it there. Ours are refused then (the webhook unreachable).
+        failure_policy("Fail")
+        try:
+            out = until_created(webhook, lambda n: claim(f"ours-fail-{n}", fake(mode="shared")), created=False)
+            assert "failed calling webhook" in out, out
+            assert create(webhook, claim("other-fail", fake(shairng=True), OTHER))[0] == 0
+        finally:
+            failure_policy("Ignore")
+        until_created(webhook, lambda n: claim("ours-while-down", fake(shairng=True)), created=True)
         assert create(webhook, claim("other-while-down", fake(shairng=True), OTHER))[0] == 0
-        assert create(webhook, claim("ours-while-down", fake(shairng=True)))[0] == 0
         webhook.apply([pod("bad", "ours-while-down")])
         message = f'unknown field "shairng" @ $.parameters (claim {TEST_NAMESPACE}/ours-while-down, request fpga)'
 
@@ -310,14 +302,23 @@ def test_webhook_down_admits_and_prepare_refuses(webhook: Any) -> None:
         )
     finally:
         webhook.delete_pods(TEST_NAMESPACE, "bad")
-        webhook("delete", "resourceclaim", "ours-while-down", "other-while-down", "-n", TEST_NAMESPACE, "--ignore-not-found")
-        webhook("scale", "-n", NAMESPACE, "deployment/cdiplug-webhook", "--replicas=1")
-        webhook("rollout", "status", "-n", NAMESPACE, "deployment/cdiplug-webhook", "--timeout=180s", timeout=190)
+        webhook(
+            "delete",
+            "resourceclaim",
+            "ours-while-down",
+            "other-while-down",
+            "other-fail",
+            "-n",
+            TEST_NAMESPACE,
+            "--ignore-not-found",
+        )
+        webhook("scale", "-n", RELEASE_NS, f"deployment/{WEBHOOK}", "--replicas=2")
+        webhook("rollout", "status", "-n", RELEASE_NS, f"deployment/{WEBHOOK}", "--timeout=180s", timeout=190)
     wait_webhook(webhook, up=True)
 
 
 def test_claims_made_while_the_webhook_restarts_are_all_there(webhook: Any) -> None:
-    webhook("rollout", "restart", "-n", NAMESPACE, "deployment/cdiplug-webhook")
+    webhook("rollout", "restart", "-n", RELEASE_NS, f"deployment/{WEBHOOK}")
     started = time.monotonic()
     names = [f"burst-{i}" for i in range(200)]
     items = [claim(n, fake(env={"N": n})) for n in names]
@@ -330,7 +331,7 @@ def test_claims_made_while_the_webhook_restarts_are_all_there(webhook: Any) -> N
         timeout=300,
     )
     took = time.monotonic() - started
-    webhook("rollout", "status", "-n", NAMESPACE, "deployment/cdiplug-webhook", "--timeout=180s", timeout=190)
+    webhook("rollout", "status", "-n", RELEASE_NS, f"deployment/{WEBHOOK}", "--timeout=180s", timeout=190)
     listed = webhook.get("resourceclaims", TEST_NAMESPACE)["items"]
     assert {c["metadata"]["name"] for c in listed} >= set(names), out[-2000:]
     print(f"200 claims created in {took:.1f}s while the webhook restarted")

@@ -82,6 +82,29 @@ def helm_ok(kube: Kube, *args: str) -> str:
     return result.stdout
 
 
+def run_post_delete_hooks(kube: Kube, hooks: str) -> None:
+    """What Helm does after ``uninstall`` deleted the release's objects: its post-delete hooks (as
+    ``helm get hooks`` shows them, stored with the release) created in weight order, the Job
+    awaited, then deleted (``hook-succeeded``). Done here with kubectl because Helm validates
+    hooks against the OpenAPI document this API server cannot serve."""
+    objects = [o for o in yaml.safe_load_all(hooks) if o and o["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"]
+    objects.sort(key=lambda o: int(o["metadata"]["annotations"].get("helm.sh/hook-weight", "0")))
+    assert [o["kind"] for o in objects][-1:] == ["Job"], objects
+    kube.apply(objects)
+    job = objects[-1]["metadata"]
+    kube("wait", "--for=condition=Complete", f"job/{job['name']}", "-n", job["namespace"], "--timeout=180s", timeout=190)
+    print(kube("logs", "-n", job["namespace"], f"job/{job['name']}"))
+    for o in reversed(objects):
+        kube(
+            "delete",
+            o["kind"],
+            o["metadata"]["name"],
+            *(["-n", o["metadata"]["namespace"]] if "namespace" in o["metadata"] else []),
+            "--wait=true",
+            timeout=120,
+        )
+
+
 def rollout(kube: Kube, release: str) -> None:
     name = "cdiplug" if release == "cdiplug" else f"{release}-cdiplug"
     kube("rollout", "status", "-n", RELEASE_NS, f"daemonset/{name}", "--timeout=240s", timeout=250)
@@ -184,9 +207,18 @@ def node(kube: Kube) -> Iterator[dict[str, Any]]:
         )
     env = {"KUBECONFIG": str(kube.kubeconfig)}
     for release in (DP, DRA):
-        helm("uninstall", release, "-n", RELEASE_NS, "--ignore-not-found", "--wait", env=env, timeout=200)
+        helm("uninstall", release, "-n", RELEASE_NS, "--ignore-not-found", "--no-hooks", "--wait", env=env, timeout=200)
     kube("delete", "namespace", TEST_NS, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
     kube("create", "namespace", TEST_NS)
+    # The release namespace made here, not by helm --create-namespace (Helm validates that one
+    # against the OpenAPI document this API server cannot serve).
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": RELEASE_NS, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
+        }
+    )
     kube("wait", "--for=create", "serviceaccount/default", "-n", TEST_NS, "--timeout=60s", timeout=70)
     if FPGA in kube.get(f"node/{kube.node}")["status"]["allocatable"]:
         kube.wait_node("allocatable", FPGA, "0")
@@ -195,7 +227,7 @@ def node(kube: Kube) -> Iterator[dict[str, Any]]:
     kube.delete_pods(TEST_NS, selector=LABEL)
     kube("delete", "namespace", TEST_NS, "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150, check=False)
     for release in (DP, DRA):
-        helm("uninstall", release, "-n", RELEASE_NS, "--ignore-not-found", "--wait", env=env, timeout=200)
+        helm("uninstall", release, "-n", RELEASE_NS, "--ignore-not-found", "--no-hooks", "--wait", env=env, timeout=200)
     if had:
         kube("apply", "--validate=false", "-k", str(FAKE_OVERLAY))
         kube("rollout", "status", "-n", NAMESPACE, "daemonset/cdiplug", "--timeout=180s", timeout=190)
@@ -207,7 +239,6 @@ def test_helm_install_runs_the_seed_experiment(kube: Kube, node: dict[str, Any])
         kube,
         "install",
         DP,
-        "--create-namespace",
         "-f",
         str(EXAMPLES / "fake-device-plugin.yaml"),
         "--set",
@@ -319,7 +350,9 @@ def test_two_releases_never_remove_each_others_files(kube: Kube, node: dict[str,
 def test_helm_uninstall_leaves_the_node_clean(kube: Kube, node: dict[str, Any]) -> None:
     kube("delete", "resourceclaimtemplates", "-n", TEST_NS, "-l", LABEL, "--ignore-not-found", timeout=60)
     for release in (DP, DRA):
-        helm_ok(kube, "uninstall", release, "-n", RELEASE_NS, "--wait", "--timeout=180s")
+        hooks = helm_ok(kube, "get", "hooks", release, "-n", RELEASE_NS)
+        helm_ok(kube, "uninstall", release, "-n", RELEASE_NS, "--no-hooks", "--wait", "--timeout=180s")
+        run_post_delete_hooks(kube, hooks)
     kube("wait", "--for=delete", "pods", "-n", RELEASE_NS, "-l", "app.kubernetes.io/name=cdiplug", "--timeout=120s", timeout=130)
     left = sorted(files_under(FOLDERS) - node["baseline"])
     assert not left, f"left on the node after helm uninstall: {left}"

@@ -45,6 +45,15 @@ def fleet(
         "--wait=true",
         timeout=120,
     )
+    # Not helm --create-namespace: Helm validates that one against the OpenAPI document this API
+    # server cannot serve.
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": RELEASE_NS, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
+        }
+    )
     values = tmp_path_factory.mktemp("fleet") / "values.yaml"
     configurations = {"default": {"resources": []}} | {n["name"]: n["cdiplug"] for n in nodes}
     values.write_text(yaml.safe_dump({"config": {"configurations": configurations}}))
@@ -58,7 +67,6 @@ def fleet(
         "-n",
         RELEASE_NS,
         "--disable-openapi-validation",
-        "--create-namespace",
         "-f",
         str(values),
         "--wait",
@@ -68,7 +76,8 @@ def fleet(
     )
     assert result.returncode == 0, result.stderr
     yield kube, nodes
-    helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", "--timeout=180s", env=env, timeout=200)
+    helm("uninstall", RELEASE, "-n", RELEASE_NS, "--no-hooks", "--wait", "--timeout=180s", env=env, timeout=200)
+    kube("delete", "resourceslices", "--field-selector", f"spec.driver={DRIVER}", "--ignore-not-found", check=False)
     for n in nodes:
         kube("label", "node", n["name"], f"{CONFIG_LABEL}-", check=False)
 

@@ -426,7 +426,7 @@ def test_uninstall_rights_and_the_post_delete_hook(name: str) -> None:
     (role,) = find(objects, "Role")
     assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["cdiplug"], "verbs": ["get"]}]
     resources = all_resources(objects, name)
-    drivers = sorted({r.dra_driver for r in resources if r.api is Api.DRA})
+    drivers = sorted({r.settings.dra_driver for r in resources if r.api is Api.DRA})
     hooks = [o for o in objects if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "post-delete"]
     data = yaml.safe_load(next(o for o in find(objects, "ConfigMap") if "config.yaml" in o["data"])["data"]["config.yaml"])
     labels = bool(data.get("node_labels"))

@@ -289,3 +289,21 @@ async def test_fake_kernel_udev_events_reach_the_backend(world: World, tree: Sys
             await sink.until("example.com/vf", lambda s: s.get("0000:3b:02.0").attribute("driver") == "vfio-pci")
     finally:
         monitor.close()
+
+
+async def test_clean_up_returns_only_this_instances_functions(world: World, tree: SysfsTree, kernel) -> None:
+    import attrs
+
+    from cdiplug_backends.pci import make_plugin
+
+    add_nic_with_vfs(tree, vfs=2)
+    blue, green = attrs.evolve(world, instance="blue"), attrs.evolve(world, instance="green")
+    await PciBackend((), blue, writer=kernel).bind_address("0000:3b:02.0")
+    await PciBackend((), green, writer=kernel).bind_address("0000:3b:02.1")
+    plugin = make_plugin(writer=kernel)
+    assert plugin.clean_up is not None
+    assert await plugin.clean_up(blue) == ["0000:3b:02.0: returned to iavf"]
+    assert (tree.driver_of("0000:3b:02.0"), tree.driver_of("0000:3b:02.1")) == ("iavf", "vfio-pci")
+    assert Journal(blue.own_state_dir).all_bound() == {}
+    assert list(Journal(green.own_state_dir).all_bound()) == ["0000:3b:02.1"]
+    assert await plugin.clean_up(blue) == []  # nothing left: nothing done

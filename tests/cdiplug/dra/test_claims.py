@@ -18,7 +18,9 @@ import pytest
 from cdiplug.dra import claimspec
 from cdiplug.dra.claims import AllocatedDevice, ClaimRef, ConfigEntry, ConfigSource, allocated
 from cdiplug.errors import CdiError, InvalidRequest
+from cdiplug.host import SpecKeepers
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
+from cdiplug.models.instance import Instance
 
 UID = "0b0c7f6e-1111-2222-3333-444455556666"
 REF = ClaimRef("ns", "c", UID)
@@ -57,14 +59,16 @@ def test_claims_we_cannot_prepare(obj: dict[str, object], message: str) -> None:
         allocated(obj, REF, "d.example.com", "n1")
 
 
-def test_claim_spec(tmp_path: Path) -> None:
+async def test_claim_spec(tmp_path: Path) -> None:
     snap = DeviceSnapshot(
         "example.com/fpga",
         [Device("fpga-0", edits=ContainerEdits(env={"A": "0"})), Device("fpga-1", edits=ContainerEdits(env={"A": "1"}))],
         ids_env="FAKE_FPGA_DEVICES",
     )
     content = claimspec.render("fpga.example.com", UID, snap, [("fpga-1", snap.devices[1])])
-    path = claimspec.write(tmp_path, UID, content)
+    specs = SpecKeepers(tmp_path)
+    await claimspec.write(specs, UID, content)
+    path = tmp_path / claimspec.file_name(specs.names, UID)
     assert path.name == f"cdiplug-claim-{UID}.json" and path.stat().st_mode & 0o777 == 0o644
     spec = json.loads(path.read_text())
     assert spec["kind"] == "k8s.fpga.example.com/claim"
@@ -75,14 +79,16 @@ def test_claim_spec(tmp_path: Path) -> None:
     other.write_text("{}")
     per_resource = tmp_path / "cdiplug-example.com-fpga.json"
     per_resource.write_text("{}")
-    assert claimspec.remove_stale(tmp_path, [UID]) == [other]
-    assert path.exists() and per_resource.exists()
-    assert claimspec.remove(tmp_path, UID) and not claimspec.remove(tmp_path, UID)
+    named = tmp_path / "cdiplug.blue.claim-deadbeef.json"  # another instance's
+    named.write_text("{}")
+    assert await claimspec.remove_stale(specs, [UID]) == [other]
+    assert path.exists() and per_resource.exists() and named.exists()
+    assert await claimspec.remove(specs, UID) and not await claimspec.remove(specs, UID)
 
 
 def test_a_uid_never_becomes_a_path(tmp_path: Path) -> None:
     with pytest.raises(CdiError):
-        claimspec.file_name("../../etc/passwd")
+        claimspec.file_name(Instance(), "../../etc/passwd")
 
 
 def test_the_per_resource_writer_leaves_claim_specs_alone(tmp_path: Path) -> None:

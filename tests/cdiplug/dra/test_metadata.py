@@ -17,6 +17,7 @@ from cdiplug.dra import claimspec, metadata
 from cdiplug.dra.checkpoint import PreparedClaim, PreparedDevice
 from cdiplug.errors import CdiError, InvalidRequest
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot, Version
+from cdiplug.models.instance import Instance
 
 DRIVER = "pci.example.com"
 UID = "5f1c2d3e-0000-4000-8000-000000000001"
@@ -27,7 +28,7 @@ def record(namespace: str = "default", name: str = "vm-gpu", uid: str = UID) -> 
         PreparedDevice(("gpu",), "node-1", "0000-3b-00-1-x", "0000:3b:00.1", ("k8s.pci.example.com/claim=a",)),
         PreparedDevice(("nic/fast", "gpu"), "node-1", "0000-5e-00-0-y", "0000:5e:00.0", ("k8s.pci.example.com/claim=b",)),
     )
-    return PreparedClaim(uid, namespace, name, DRIVER, "example.com/dev", devices, claimspec.file_name(uid))
+    return PreparedClaim(uid, namespace, name, DRIVER, "example.com/dev", devices, claimspec.file_name(Instance(), uid))
 
 
 def devices() -> dict[str, Device]:

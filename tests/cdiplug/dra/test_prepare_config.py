@@ -153,7 +153,7 @@ async def setup(host: BackendHost, world: World, boot_id: str | None = None) -> 
     claims = Claims()
     store = ClaimStore(world.state_dir)
     await store.load()
-    prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, world.cdi_dir, boot_id=boot_id)  # type: ignore[arg-type, return-value]
+    prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, boot_id=boot_id)  # type: ignore[arg-type, return-value]
     return prep, claims, store
 
 

@@ -135,7 +135,7 @@ async def host(world: World) -> AsyncIterator[BackendHost]:
 
 
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore) -> ClaimPreparer:
-    return ClaimPreparer(RC, "n1", host, store, lambda: claims, world.cdi_dir)  # type: ignore[arg-type, return-value]
+    return ClaimPreparer(RC, "n1", host, store, lambda: claims)  # type: ignore[arg-type, return-value]
 
 
 def spec(world: World, uid: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.dra import claimspec
 from cdiplug.errors import CdiError
+from cdiplug.host import SpecKeepers
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, Health, HealthCause
 from cdiplug.telemetry.metrics import Metrics
 from cdiplug.toolkit import statefile
@@ -76,7 +77,7 @@ def test_a_corrupt_state_file_is_counted(tmp_path: Path) -> None:
     assert any(p.name.startswith("state.json.corrupt-") for p in tmp_path.iterdir())
 
 
-def test_cdi_spec_write_failures_are_counted(tmp_path: Path) -> None:
+async def test_cdi_spec_write_failures_are_counted(tmp_path: Path) -> None:
     m = Metrics()
 
     def count(kind: str) -> float:
@@ -87,7 +88,7 @@ def test_cdi_spec_write_failures_are_counted(tmp_path: Path) -> None:
     folder = tmp_path / "file" / "cdi"  # fails for root too
     with pytest.raises(CdiError, match="CDI"):
         SpecWriter(folder).write(FPGA, DeviceSnapshot(resource=FPGA, devices=(Device("fpga-0", edits=EDITS),)))
-    with pytest.raises(CdiError, match="cannot write CDI spec"):
-        claimspec.write(folder, "11111111-2222-3333-4444-555555555555", b"{}")
+    with pytest.raises(CdiError, match="CDI folder"):
+        await claimspec.write(SpecKeepers(folder), "11111111-2222-3333-4444-555555555555", b"{}")
     assert count(FPGA) == before + 1
     assert count("claim") == before_claim + 1
