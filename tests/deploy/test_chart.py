@@ -60,7 +60,15 @@ def example(name: str) -> list[dict[str, Any]]:
 
 
 def test_every_example_is_there() -> None:
-    assert set(NAMES) == {"fake-device-plugin", "fake-dra", "pci-vfio", "nvidia-device-plugin", "nvidia-dra", "mixed-fleet"}
+    assert set(NAMES) == {
+        "fake-device-plugin",
+        "fake-dra",
+        "pci-vfio",
+        "nvidia-device-plugin",
+        "nvidia-dra",
+        "mixed-fleet",
+        "generic",
+    }
 
 
 @pytest.mark.parametrize("values", [*NAMES, "defaults"])
@@ -152,8 +160,13 @@ def test_privileges_follow_the_backends(name: str) -> None:
     else:
         assert "privileged" not in security
         assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
-        assert not d.pod.get("hostNetwork") and not d.pod.get("hostPID")
+        # The generic backend alone: the node's network for udev's netlink events, nothing more.
+        assert bool(d.pod.get("hostNetwork")) == ("generic" in backends) and not d.pod.get("hostPID")
         assert "/dev/vfio" not in host_paths(d)
+    if "generic" in backends:
+        assert {"/sys", "/dev"} <= host_paths(d)
+        assert d.host_path_of(d.flags["sysfs-root"]) == PurePosixPath("/sys")
+        assert d.flags["dev-root"] == "/host" and d.host_path_of("/host/dev") == PurePosixPath("/dev")
     if backends == {"fake"}:
         assert host_paths(d) <= {
             "/var/lib/kubelet/device-plugins",
