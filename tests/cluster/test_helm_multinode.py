@@ -56,7 +56,9 @@ def fleet(
     )
     values = tmp_path_factory.mktemp("fleet") / "values.yaml"
     configurations = {"default": {"resources": []}} | {n["name"]: n["cdiplug"] for n in nodes}
-    values.write_text(yaml.safe_dump({"config": {"configurations": configurations}}))
+    # Every taint tolerated, as test_multinode's kustomize deployment does: the chart's default
+    # tolerates none, and this cluster's nodes may keep the kubelet's not-ready taint.
+    values.write_text(yaml.safe_dump({"config": {"configurations": configurations}, "tolerations": [{"operator": "Exists"}]}))
     for n in nodes:
         kube("label", "node", n["name"], f"{CONFIG_LABEL}={n['name']}", "--overwrite")
     # --disable-openapi-validation: this kube-apiserver build cannot serve its OpenAPI document.
