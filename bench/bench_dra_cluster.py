@@ -210,7 +210,8 @@ def kubelet_ops(kubeconfig: Path, node: str, operation: str) -> dict[str, tuple[
     for line in text.splitlines():
         if (
             not line.startswith("dra_grpc_operations_duration_seconds_")
-            or f'"{operation}"' not in line
+            or operation
+            not in line  # the method's full name holds it (NodePrepareResources is no part of NodeUnprepareResources)
             or 'grpc_status_code="OK"' not in line
         ):
             continue

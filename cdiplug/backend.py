@@ -14,15 +14,16 @@ values. Backends import all of this from :mod:`cdiplug.sdk`; this module never i
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from attrs import frozen
 
-from cdiplug.errors import BackendInitError
+from cdiplug.errors import BackendError, BackendInitError
 from cdiplug.models.devices import Device, DeviceSnapshot, PreferredRequest
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
@@ -198,6 +199,25 @@ class ClaimConfigurable(Protocol[C]):
         ``CDIPLUG_ADMIN_ACCESS=true``. By default the device as it is; a backend whose edits hand
         over exclusive control (PCI's VFIO group node) leaves them out."""
         return Configured(device, prepare=False, release=False)
+
+
+async def run_tasks(owner: str, coros: Mapping[str, Coroutine[Any, Any, None]]) -> None:
+    """Run a backend's own long-lived tasks (name -> coroutine) until one fails, and raise that
+    failure: a :class:`~cdiplug.errors.BackendError` as it is, anything else as one naming
+    ``owner`` and the task. Every task is cancelled and awaited on the way out (cancellation too)."""
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in coros.items()]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            failure = task.exception()
+            if isinstance(failure, BackendError):
+                raise failure
+            if failure is not None:
+                raise BackendError(f"{owner} task {task.get_name()} failed: {type(failure).__name__}: {failure}") from failure
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @frozen

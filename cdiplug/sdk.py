@@ -19,7 +19,8 @@ import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What
   (:class:`ResourceConfig`), the world passed in (:class:`World`) and the errors it raises;
 - toolkit helpers: bounded file reads, bounded YAML/JSON, atomic writes, state files
   (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), lock files with a
-  deadline (:mod:`~cdiplug.toolkit.filelock`), a folder watch, a backoff, names.
+  deadline (:mod:`~cdiplug.toolkit.filelock`), a folder watch, a backoff, names, a udev event watch
+  (:class:`UdevWatch`, :func:`open_monitor`; :class:`FakeUdevMonitor` for tests).
 
 Fakes for testing a backend ship with the backend they fake (``cdiplug_backends.nvidia.testing``,
 ``cdiplug_backends.pci.testing``); the core's stand-ins (kubelet, API server) are ``cdiplug.testing``.
@@ -41,6 +42,7 @@ from cdiplug.backend import (
     SizedOptions,
     SnapshotSink,
     Unpreparer,
+    run_tasks,
 )
 from cdiplug.errors import (
     BackendError,
@@ -83,12 +85,14 @@ from cdiplug.toolkit.files import CONFIG_LIMIT, STATE_LIMIT, decode_text, read_b
 from cdiplug.toolkit.filewatch import FOLDER, FolderWatch
 from cdiplug.toolkit.safeload import load_json, load_yaml
 from cdiplug.toolkit.strict import converter, register_enum
+from cdiplug.toolkit.udev import FakeUdevMonitor, UdevEvent, UdevMonitor, UdevWatch, close_monitor, open_monitor
 
 __all__ = [
     # the backend and its plugin
     "Backend",
     "BackendPlugin",
     "SnapshotSink",
+    "run_tasks",
     # optional abilities (a backend class subclasses those it has)
     "ClaimConfigurable",
     "Configured",
@@ -141,7 +145,13 @@ __all__ = [
     "STATE_LIMIT",
     "TEMP_SUFFIX",
     "Backoff",
+    "FakeUdevMonitor",
     "FolderWatch",
+    "UdevEvent",
+    "UdevMonitor",
+    "UdevWatch",
+    "close_monitor",
+    "open_monitor",
     "brief",
     "decode_text",
     "filelock",

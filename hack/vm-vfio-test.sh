@@ -27,133 +27,28 @@ set -euo pipefail
 
 KVER=${CDIPLUG_VM_KVER:-6.1.0-57-amd64} # Debian 12's kernel; a later 6.1.0-N-amd64 works too
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VM_SET=vfio
+# shellcheck source=hack/lib/vm.sh
+source "$ROOT/hack/lib/vm.sh"
 
 # ------------------------------------------------------------------------------------------------
 # host side
 # ------------------------------------------------------------------------------------------------
 
 MODULES=(
-  kernel/drivers/virtio/virtio_ring kernel/drivers/virtio/virtio
-  kernel/drivers/virtio/virtio_pci_modern_dev kernel/drivers/virtio/virtio_pci_legacy_dev
-  kernel/drivers/virtio/virtio_pci
-  kernel/net/9p/9pnet kernel/net/9p/9pnet_virtio kernel/fs/netfs/netfs kernel/fs/fscache/fscache
-  kernel/fs/9p/9p
+  "${VM_BASE_MODULES[@]}"
   kernel/drivers/net/ethernet/intel/e1000e/e1000e
   kernel/virt/lib/irqbypass kernel/drivers/vfio/vfio kernel/drivers/vfio/vfio_iommu_type1
   kernel/drivers/vfio/vfio_virqfd kernel/drivers/vfio/pci/vfio-pci-core kernel/drivers/vfio/pci/vfio-pci
 )
 
-download_kernel() { # VM KVER: apt-get download linux-image-KVER into VM; prints the .deb
-  local vm=$1 kver=$2
-  (cd "$vm" && apt-get download "linux-image-$kver" >&2) || return 1
-  local fetched=("$vm"/linux-image-"$kver"_*.deb)
-  [[ -f ${fetched[0]} ]] && echo "${fetched[0]}"
-}
-
-fetch_kernel() { # sets KVER when the pinned kernel is gone from the archive
-  local vm=$1
-  local deb=${CDIPLUG_VM_KERNEL_DEB:-}
-  if [[ -n $deb ]]; then
-    KVER=$(dpkg-deb -f "$deb" Package | sed 's/^linux-image-//')
-  fi
-  [[ -f $vm/vmlinuz-$KVER && -f $vm/modules-$KVER/.complete ]] && return 0
-  if [[ -z $deb ]]; then
-    local found=("$vm"/linux-image-"$KVER"_*.deb)
-    [[ -f ${found[0]} ]] && deb=${found[0]}
-  fi
-  if [[ -z $deb ]]; then
-    command -v apt-get >/dev/null || { echo "FAIL: no kernel: set CDIPLUG_VM_KERNEL_DEB or install apt-get" >&2; return 1; }
-    echo "fetching linux-image-$KVER with apt-get download" >&2
-    deb=$(download_kernel "$vm" "$KVER") || {
-      apt-get update -qq >&2 || true # a fresh machine may have no package lists yet
-      deb=$(download_kernel "$vm" "$KVER")
-    } || {
-      # Debian drops superseded ABI versions from the archive: take the current 6.1 kernel.
-      local current
-      current=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: linux-image-\([0-9][^ ]*-amd64\)$/\1/p' | head -1)
-      [[ -n $current ]] && echo "linux-image-$KVER is gone; using linux-image-$current" >&2 && KVER=$current &&
-        deb=$(download_kernel "$vm" "$KVER")
-    } || { echo "FAIL: apt-get download linux-image-$KVER failed" >&2; return 1; }
-  fi
-  local tmp
-  tmp=$(mktemp -d "$vm/unpack.XXXXXX")
-  dpkg-deb -x "$deb" "$tmp"
-  rm -rf "$vm/modules-$KVER"
-  mkdir -p "$vm/modules-$KVER"
-  local m
-  for m in "${MODULES[@]}"; do
-    local f=$tmp/lib/modules/$KVER/$m.ko
-    [[ -f $f ]] || { echo "FAIL: $m.ko is not in $deb" >&2; rm -rf "$tmp"; return 1; }
-    cp "$f" "$vm/modules-$KVER/"
-  done
-  cp "$tmp/boot/vmlinuz-$KVER" "$vm/vmlinuz-$KVER"
-  rm -rf "$tmp"
-  touch "$vm/modules-$KVER/.complete"
-}
-
-build_initramfs() {
-  local vm=$1
-  local out=$vm/initramfs-$KVER.cpio.gz
-  local busybox
-  busybox=$(command -v busybox) || { echo "FAIL: busybox (static) is not installed" >&2; return 1; }
-  # Rebuilt whenever this script (which holds /init) or busybox changes.
-  local stamp
-  stamp=$(cat "${BASH_SOURCE[0]}" "$busybox" | sha256sum | cut -c1-16)
-  [[ -f $out && -f $out.stamp && $(cat "$out.stamp") == "$stamp" ]] && return 0
-  local dir
-  dir=$(mktemp -d "$vm/initramfs.XXXXXX")
-  mkdir -p "$dir"/{bin,proc,sys,dev,host,lib/modules}
-  cp "$busybox" "$dir/bin/busybox"
-  local m
-  for m in "${MODULES[@]}"; do
-    cp "$vm/modules-$KVER/$(basename "$m").ko" "$dir/lib/modules/"
-    basename "$m" >>"$dir/modules.order"
-  done
-  sed -n '/^#-- guest init begin/,/^#-- guest init end/p' "${BASH_SOURCE[0]}" | sed '1d;$d' | sed 's/^# //' >"$dir/init"
-  chmod 755 "$dir/init"
-  (cd "$dir" && find . | "$busybox" cpio -o -H newc 2>/dev/null | gzip -1) >"$out.tmp"
-  mv "$out.tmp" "$out"
-  echo "$stamp" >"$out.stamp"
-  rm -rf "$dir"
-}
-
-# The guest's /init, extracted into the initramfs by build_initramfs (kept here, commented out,
-# so one file holds the whole test):
-#-- guest init begin
-# #!/bin/busybox sh
-# /bin/busybox --install -s /bin
-# export PATH=/bin
-# mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-# for m in $(cat /modules.order); do insmod /lib/modules/$m.ko || echo "insmod $m failed"; done
-# mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /host || echo "FAIL: 9p mount"
-# for d in tmp run; do mount -t tmpfs -o mode=1777 $d /host/$d; done
-# # A checkout under /tmp or /run is hidden by those tmpfs: mount its own share at the same path.
-# if [ ! -e "/host$CDIPLUG_REPO/hack/vm-vfio-test.sh" ]; then
-#   mkdir -p "/host$CDIPLUG_REPO" && mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 cdiplugsrc "/host$CDIPLUG_REPO" || echo "FAIL: 9p mount of the checkout"
-# fi
-# mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs dev /host/dev
-# echo "guest: kernel $(uname -r), booted in $(cut -d' ' -f1 /proc/uptime) s"
-# chroot /host /bin/bash "$CDIPLUG_REPO/hack/vm-vfio-test.sh" --guest
-# echo "VM-TEST-EXIT: $?"
-# sync
-# echo o >/proc/sysrq-trigger
-# sleep 10
-#-- guest init end
-
 host_main() {
   command -v qemu-system-x86_64 >/dev/null || { echo "FAIL: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)" >&2; exit 1; }
   local vm=${CDIPLUG_VM_DIR:-$ROOT/.vm}
-  mkdir -p "$vm"
-  # Several runs may share .vm/ (parallel test runs): one prepares, the others wait.
-  exec 9>"$vm/.lock"
-  flock 9
-  fetch_kernel "$vm"
-  build_initramfs "$vm"
-  flock -u 9
+  vm_prepare "$vm"
   local python
-  # The interpreter cdiplug is installed in (PYTHON, as the tests pass it; else python3): the
-  # guest runs the host's Python, so it must be one that finds cdiplug and cdiplug_backends.
-  python=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
+  # The guest runs the host's Python, so it must be one that finds cdiplug and cdiplug_backends.
+  python=$(vm_python)
   local log=$vm/console-$$.log
   local started=$SECONDS
   # TCG: KVM on these machines cannot run a stock kernel, and TCG is fast enough for this.
@@ -161,8 +56,8 @@ host_main() {
   timeout "${CDIPLUG_VM_TIMEOUT:-890}" qemu-system-x86_64 \
     -machine q35,kernel-irqchip=split -accel tcg,thread=multi -cpu max -smp 2 -m 1536 \
     -device intel-iommu,intremap=on \
-    -kernel "$vm/vmlinuz-$KVER" -initrd "$vm/initramfs-$KVER.cpio.gz" \
-    -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=3 CDIPLUG_REPO=$ROOT CDIPLUG_PYTHON=$python" \
+    -kernel "$vm/vmlinuz-$KVER" -initrd "$vm/initramfs-$VM_SET-$KVER.cpio.gz" \
+    -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet loglevel=3 CDIPLUG_REPO=$ROOT CDIPLUG_VM_SCRIPT=hack/vm-vfio-test.sh CDIPLUG_PYTHON=$python" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$ROOT,mount_tag=cdiplugsrc,security_model=none,readonly=on,multidevs=remap" \
     -device edu -device e1000e,romfile= -nic none \
@@ -170,17 +65,9 @@ host_main() {
   local qemu_rc=${PIPESTATUS[0]}
   set -e
   echo "host: QEMU exited with $qemu_rc after $((SECONDS - started)) s"
-  local fails passes exit_line
-  passes=$(grep -c '^PASS' "$log" || true)
-  fails=$(grep -c '^FAIL' "$log" || true)
-  exit_line=$(grep -a '^VM-TEST-EXIT:' "$log" | tail -1 | tr -d '\r' || true)
-  echo "host: $passes PASS, $fails FAIL, ${exit_line:-no exit line} (console in $vm/console.log)"
   mv -f "$log" "$vm/console.log"
-  if [[ $qemu_rc == 124 ]]; then
-    echo "FAIL: the VM did not finish within ${CDIPLUG_VM_TIMEOUT:-890} s" >&2
-    exit 1
-  fi
-  [[ $exit_line == "VM-TEST-EXIT: 0" && $fails == 0 && $passes -gt 0 ]] || exit 1
+  echo "host: console in $vm/console.log"
+  vm_report "$vm/console.log" "$qemu_rc" "${CDIPLUG_VM_TIMEOUT:-890}" || exit 1
 }
 
 # ------------------------------------------------------------------------------------------------

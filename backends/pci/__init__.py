@@ -21,10 +21,9 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from cdiplug.sdk import BackendPlugin, World
+from cdiplug.sdk import BackendPlugin, UdevMonitor, World
 
 from .backend import PciBackend
-from .hotplug import UdevMonitor
 from .options import PciOptions, Release, Selector
 
 

@@ -6,7 +6,7 @@
    finished only when the functions still on a host driver pass the bind's safety checks, see
    :meth:`PciBackend.check_in_use`),
 2. scans sysfs and publishes a snapshot per resource (``discovery``),
-3. rescans on every udev event of a PCI device (add, remove, bind, unbind; ``hotplug``) and
+3. rescans on every udev event of a PCI device (add, remove, bind, unbind; the SDK's ``UdevWatch``) and
    every ``rescan_interval`` seconds as a fallback (fake trees have no udev); a removed function
    leaves its snapshot at once,
 4. follows link state through netlink for resources with ``link_health`` (a network function
@@ -51,8 +51,13 @@ from cdiplug.sdk import (
     ReleasePoller,
     ResourceConfig,
     SnapshotSink,
+    UdevMonitor,
+    UdevWatch,
     Unpreparer,
     World,
+    close_monitor,
+    open_monitor,
+    run_tasks,
 )
 
 from . import checks
@@ -67,7 +72,6 @@ from .discovery import (
     select_all,
     to_snapshot,
 )
-from .hotplug import UdevMonitor, UdevWatch, open_monitor
 from .journal import BoundRecord, Journal, JournalError
 from .links import LinkStates
 from .options import PciOptions, Release
@@ -199,29 +203,16 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
         self._published.clear()
         await self.rescan()
         monitor = self._open_monitor()
-        tasks = [asyncio.create_task(self._rescan_periodically(), name="pci:rescan")]
+        tasks = {"pci:rescan": self._rescan_periodically()}
         if monitor is not None:
-            tasks.append(asyncio.create_task(self._watch_udev(monitor), name="pci:udev"))
+            tasks["pci:udev"] = self._watch_udev(monitor)
         if self.links is not None:
-            tasks.append(asyncio.create_task(self._watch_links(self.links), name="pci:links"))
+            tasks["pci:links"] = self._watch_links(self.links)
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                failure = task.exception()
-                if failure is not None:
-                    if isinstance(failure, BackendError):
-                        raise failure
-                    raise BackendError(
-                        f"PCI backend task {task.get_name()} failed: {type(failure).__name__}: {failure}"
-                    ) from failure
+            await run_tasks("PCI backend", tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             if monitor is not None and monitor is not self.udev_monitor:
-                close = getattr(monitor, "close", None)
-                if close is not None:
-                    close()
+                close_monitor(monitor)
 
     async def _rescan_periodically(self) -> None:
         """Rescan when woken (link state changed) or, as the fallback, every ``rescan_interval``."""
@@ -244,11 +235,11 @@ class PciBackend(Backend, Preparer, Unpreparer, ReleasePoller, ClaimConfigurable
             await asyncio.sleep(LINK_RETRY)
 
     def _open_monitor(self) -> UdevMonitor | None:
-        return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root)
+        return self.udev_monitor if self.udev_monitor is not None else open_monitor(self.world.sysfs_root, ("pci",))
 
     async def _watch_udev(self, monitor: UdevMonitor) -> None:
-        async for events in UdevWatch(monitor).batches():
-            removed = {name for action, name in events if action == "remove"}
+        async for events in UdevWatch(monitor, ("pci",)).batches():
+            removed = {e.sys_name for e in events if e.action == "remove"}
             if removed:
                 self._drop(removed)
             await self.rescan()

@@ -29,6 +29,8 @@ def device_node(node: model.DeviceNode) -> CdiDeviceNode:
         minor=node.minor,
         file_mode=node.file_mode,
         permissions=node.permissions or None,
+        uid=node.uid,
+        gid=node.gid,
     )
 
 

@@ -13,9 +13,10 @@ its resource claims (the daemon has stopped), then, touching only what the insta
 4. its state folder (the default instance: its files at the top of ``--state-dir``, nothing
    else there), then its claims.
 
-ResourceSlices and node labels are the API server's: a DRA driver's slices and the labels of
-resources no instance serves go when the Helm release's objects do, or with
-``kubectl delete resourceslices --field-selector spec.driver=<driver>,spec.nodeName=<node>``.
+With ``--api`` (credentials as kubectl finds them, or ``--kubeconfig``) it also deletes this
+node's ResourceSlices of the DRA drivers the instance served and removes the node labels of its
+resources (``cdiplug.dev/<vendor>.<class>.*``); without, ``kubectl delete resourceslices
+--field-selector spec.driver=<driver>,spec.nodeName=<node>`` does the first.
 
 Exit status: 0 done (each thing removed is printed), 1 the instance still runs after ``--wait``
 or something could not be removed (named on stderr), 2 bad arguments.
@@ -59,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_world_options(parser)
     add_dra_options(parser)
     add_option(parser, "--wait", str(DEFAULT_WAIT), help="seconds to wait for the instance's daemon to stop")
+    parser.add_argument(
+        "--api",
+        action="store_true",
+        help="also delete this node's ResourceSlices of the instance's DRA drivers and its resources' node labels",
+    )
     add_log_level(parser)
     parser.set_defaults(func=run)
 
@@ -200,10 +206,42 @@ class Cleanup:
             return
         self.out.append(f"removed {path}")
 
-    async def run(self, wait: float) -> None:
+    async def api_objects(self, claims: list[tuple[Path, str, str]]) -> None:
+        """This node's slices of the instance's DRA drivers, and its resources' node labels."""
+        from cdiplug.kube.client import connect
+        from cdiplug.kube.node_labels import PREFIX, owned, resource_part
+
+        node = self.world.node_name
+        try:
+            client = connect(self.world.kubeconfig)
+        except CdiplugError as exc:
+            self.problems.append(f"slices and node labels left as they are: {exc}")
+            return
+        try:
+            for _, kind, name in claims:
+                if kind == DRA_DRIVER:
+                    slices, _ = await client.list_slices(name, node)
+                    for item in slices:
+                        assert item.metadata is not None and item.metadata.name is not None
+                        await client.delete_slice(item.metadata.name)
+                        self.out.append(f"deleted ResourceSlice {item.metadata.name} of {name}")
+            parts = tuple(f"{PREFIX}{resource_part(n)}." for _, k, n in claims if k == RESOURCE)
+            labels = (await client.get_node(node)).metadata.labels or {}  # type: ignore[union-attr]
+            gone = sorted(k for k in labels if owned(k) and k.startswith(parts))
+            if gone:
+                await client.patch_node(node, {"metadata": {"labels": dict.fromkeys(gone)}})
+                self.out += [f"removed node label {k}" for k in gone]
+        except CdiplugError as exc:
+            self.problems.append(str(exc))
+        finally:
+            await client.close()
+
+    async def run(self, wait: float, api: bool = False) -> None:
         if not await self.wait_stopped(wait):
             return
         claims = self.claims()
+        if api:
+            await self.api_objects(claims)
         await self.backends()  # before the state goes: the PCI journal says what goes back where
         await asyncio.to_thread(self.specs)
         await asyncio.to_thread(self.sockets, claims)
@@ -235,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     world = world_from_args(args)
     out: list[str] = []
     problems: list[str] = []
-    asyncio.run(Cleanup(world, out, problems).run(wait))
+    asyncio.run(Cleanup(world, out, problems).run(wait, args.api))
     for line in out:
         print(line)
     for problem in problems:

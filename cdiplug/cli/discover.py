@@ -68,6 +68,7 @@ def as_data(snapshots: Mapping[str, DeviceSnapshot], labels: Mapping[str, Mappin
             "common_device_nodes": [n.path for n in snap.common_edits.device_nodes],
             "ids_env": snap.ids_env,
             "skipped": [{"id": i, "reason": r} for i, r in snap.skipped],
+            "explained": [{"what": w, "found": f} for w, f in snap.explained],
             "node_labels": dict((labels or {}).get(name, {})),
         }
         for name, snap in snapshots.items()
@@ -102,6 +103,8 @@ def as_table(snapshots: Mapping[str, DeviceSnapshot], labels: Mapping[str, Mappi
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
         for device_id, reason in snap.skipped:
             lines.append(f"  skipped {device_id}: {reason}")
+        for what, found in snap.explained:
+            lines.append(f"  {what}: {found}")
         ours = (labels or {}).get(name)
         if ours:
             lines.append("  node labels: " + " ".join(f"{k}={v}" for k, v in ours.items()))

@@ -53,6 +53,17 @@ async def read_claim(client: KubeClient, ref: ClaimRef, driver: str, node: str, 
     return ReadClaim(allocated(obj, ref, driver, node), metadata.pod_claim_name(obj) if pod_claim else None)
 
 
+async def check_unchanged(client: Callable[[], KubeClient], ref: ClaimRef, done: PreparedClaim, node: str) -> None:
+    """A repeated prepare of a claim prepared with a configuration: InvalidRequest when the claim
+    has another one now (:func:`~.claim_config.check_unchanged`; the checkpoint answers when it
+    cannot be read)."""
+
+    async def read() -> AllocatedClaim:
+        return (await read_claim(client(), ref, done.driver, node)).claim
+
+    await claim_config.check_unchanged(read, ref, done)
+
+
 @frozen
 class ClaimPlan:
     """What preparing one claim means (see the module docstring)."""
@@ -109,9 +120,12 @@ class Planner:
         record = self._record(claim, wanted, shapes)
         return self._with_metadata(ClaimPlan(record, claim, wanted, shapes, snapshot), read.pod_claim)
 
-    def again(self, record: PreparedClaim, snapshot: DeviceSnapshot, pod_claim: str | None) -> ClaimPlan:
-        """The plan of a completed claim prepared again as its record has it (restore);
-        DeviceUnavailable when a device it names is gone."""
+    async def again(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> ClaimPlan:
+        """The plan of a completed claim prepared again as its record has it (restore: its device
+        metadata name the pod's claim as written then); DeviceUnavailable when a device it names is gone."""
+        pod_claim = None
+        if self.metadata_dir is not None:
+            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.metadata_dir, record)
         gone = [d.device for d in record.devices if snapshot.get(d.device_id) is None]
         if gone:
             raise DeviceUnavailable(f"{self.driver}: claim {record.uid} names devices this node no longer has: {', '.join(gone)}")

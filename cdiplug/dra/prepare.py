@@ -66,17 +66,17 @@ from typing import Any
 import attrs
 
 from cdiplug.backend import ClaimConfigurable
-from cdiplug.dra import claim_config, claimspec, metadata, status
+from cdiplug.dra import claimspec, status
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
-from cdiplug.dra.claims import AllocatedClaim, ClaimRef
+from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.drain import Drain
 from cdiplug.dra.handler import ClaimHandler
-from cdiplug.dra.plan import ClaimPlan, Planner, materialize, no_step, read_claim
+from cdiplug.dra.plan import ClaimPlan, Planner, check_unchanged, materialize, no_step, read_claim
 from cdiplug.dra.restore import Restorer
 from cdiplug.dra.rollback import Step, undo
 from cdiplug.dra.settings import driver_of, settings_of
 from cdiplug.dra.statuswriter import StatusWriter
-from cdiplug.errors import DeviceUnavailable, InvalidRequest
+from cdiplug.errors import DeviceUnavailable
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
 from cdiplug.models.devices import Device, DeviceSnapshot
@@ -256,26 +256,11 @@ class ClaimPreparer(ClaimHandler):
 
     async def _same_configuration(self, ref: ClaimRef, done: PreparedClaim) -> None:
         if done.configs:  # else answered from the checkpoint without a read, as ever
-
-            async def read() -> AllocatedClaim:
-                return (await read_claim(self.client(), ref, done.driver, self.node)).claim
-
-            await claim_config.check_unchanged(read, ref, done)
-
-    async def _remove_metadata(self, record: PreparedClaim) -> None:
-        # Whatever the setting is now: it may have been on when the claim was prepared.
-        if self.plugins_dir is None or not record.devices:
-            return
-        try:
-            metadata.check_names(record.namespace, record.name, record.driver)
-        except InvalidRequest:
-            return  # no path was ever built from these names: nothing written
-        await asyncio.to_thread(metadata.remove, self.plugins_dir, record.driver, record.namespace, record.name, record.uid)
+            await check_unchanged(self.client, ref, done, self.node)
 
     async def _roll_back(self, record: PreparedClaim, why: str) -> None:
         try:
-            await self._remove_metadata(record)
-            await undo(record, self.host, self.store)
+            await undo(record, self.host, self.store, plugins_dir=self.plugins_dir)
         except Exception as exc:  # kept as started: unprepare or the next start tries again
             log.error("claim %s/%s (%s): %s, and rolling it back failed: %s", record.namespace, record.name, record.uid, why, exc)
 
@@ -290,11 +275,7 @@ class ClaimPreparer(ClaimHandler):
 
     async def _respec(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> None:
         """A completed claim planned again from its record and materialized (the host's preparation is idempotent)."""
-        planner = self._planner()
-        pod_claim = None
-        if planner.metadata_dir is not None:
-            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, planner.metadata_dir, record)
-        await self._materialize(planner.again(record, snapshot, pod_claim))
+        await self._materialize(await self._planner().again(record, snapshot))
         log.info("prepared claim %s/%s (%s) again and wrote its CDI spec", record.namespace, record.name, record.uid)
 
     # -- restore at start (:mod:`.restore`) --
@@ -337,8 +318,7 @@ class ClaimPreparer(ClaimHandler):
                         # spec, lets it go (:meth:`DraFrontEnd.spec_wanted`) rather than write it again.
                         record = attrs.evolve(record, owner=self.instance)
                         await self.store.put(record)
-                    await self._remove_metadata(record)
-                    await undo(record, self.host, self.store, self._step)
+                    await undo(record, self.host, self.store, self._step, self.plugins_dir)
                     log.info("unprepared claim %s (%s)", ref, record.state.value, extra={"resource": record.resource})
                 self._write_status(ref, [])  # also what a failed prepare wrote
             ok = True

@@ -11,13 +11,16 @@ an unprepare, where the test hook (``CDIPLUG_DRA_PAUSE_AFTER``) can stop.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from cdiplug.dra import claimspec
+from cdiplug.dra import claimspec, metadata
 from cdiplug.dra.checkpoint import ClaimStore, PreparedClaim
+from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import Device
 
@@ -44,18 +47,33 @@ async def undo(
     host: BackendHost,
     store: ClaimStore,
     step: Callable[[Step, str], Any] = _no_step,
+    plugins_dir: Path | None = None,
 ) -> None:
-    """Remove the claim's spec, release its devices through the host, forget the claim: in that order.
+    """Remove the claim's device metadata (below ``plugins_dir``, whatever the setting is now: it
+    may have been on when the claim was prepared) and spec, release its devices through the host,
+    forget the claim: in that order.
 
     A device another claim of the checkpoint still names (admin access, a shared device) stays
     prepared. Raises (keeping the record) when the backend cannot release.
     """
+    if plugins_dir is not None:
+        await _remove_metadata(record, plugins_dir)
     if record.spec_file:
         await claimspec.remove(host.specs, record.uid)
     await step(Step.SPEC_REMOVED, record.uid)
     await _release(record, host, store)
     await step(Step.RELEASED, record.uid)
     await store.remove(record.uid)
+
+
+async def _remove_metadata(record: PreparedClaim, plugins_dir: Path) -> None:
+    if not record.devices:
+        return
+    try:
+        metadata.check_names(record.namespace, record.name, record.driver)
+    except InvalidRequest:
+        return  # no path was ever built from these names: nothing written
+    await asyncio.to_thread(metadata.remove, plugins_dir, record.driver, record.namespace, record.name, record.uid)
 
 
 async def _release(record: PreparedClaim, host: BackendHost, store: ClaimStore) -> None:

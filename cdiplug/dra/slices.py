@@ -18,7 +18,7 @@ What one driver publishes for one node (``docs/architecture.md``, "Contract: DRA
 - taints named per cause (NVIDIA's pattern, README "Device taints"): an unhealthy device carries
   one taint ``cdiplug.dev/<cause>=<code>`` (``cdiplug.dev/unhealthy=true`` when its backend named
   no cause), effect ``NoSchedule``: the scheduler allocates it to no new claim, claims holding it
-  keep it; a healthy device with an informational cause carries its taint with effect ``None``;
+  keep it (``NoExecute`` where the cause asks for eviction: pods holding it are evicted); a healthy device with an informational cause carries its taint with effect ``None``;
   a healthy device without one carries none, so a recovered device loses its taint. Where the
   API server drops device taints (the ``DRADeviceTaints`` gate is off) an unhealthy device is
   withdrawn from the slice instead. The publisher decides which (:class:`UnhealthyPolicy`) by
@@ -155,12 +155,14 @@ def counters_body(counters: Iterable[tuple[str, str]]) -> dict[str, dict[str, st
 
 
 def device_taint(device: Device) -> dict[str, str] | None:
-    """The device's taint: ``cdiplug.dev/<cause>=<code>``, ``NoSchedule`` while Unhealthy, ``None``
-    (informational) on a Healthy device with a cause; None for a Healthy device without one."""
+    """The device's taint: ``cdiplug.dev/<cause>=<code>``, ``NoSchedule`` while Unhealthy
+    (``NoExecute`` when its cause asks for eviction), ``None`` (informational) on a Healthy device
+    with a cause; None for a Healthy device without one."""
     cause = device.cause
     if cause is None:
         return None
-    return {"key": f"{TAINT_DOMAIN}/{cause.name}", "value": cause.code, "effect": "None" if device.healthy else "NoSchedule"}
+    effect = "None" if device.healthy else "NoExecute" if cause.evict else "NoSchedule"
+    return {"key": f"{TAINT_DOMAIN}/{cause.name}", "value": cause.code, "effect": effect}
 
 
 def device_body(device: Device) -> dict[str, Any]:

@@ -48,11 +48,14 @@ class HealthCause:
 
     DRA publishes it as the device taint ``cdiplug.dev/<name>=<code>``; on a Healthy device a
     cause is informational (a taint with effect ``None``). Both parts are checked here so that
-    what a backend sets is always a valid taint key and value.
+    what a backend sets is always a valid taint key and value. ``evict``: an Unhealthy device's
+    taint is ``NoExecute`` rather than ``NoSchedule`` (pods holding it are evicted: a device that
+    is gone, say).
     """
 
     name: str = field(validator=_check_cause_name)
     code: str = field(default="true", validator=_check_cause_code)
+    evict: bool = False
 
 
 UNHEALTHY_CAUSE = HealthCause("unhealthy")
@@ -128,7 +131,8 @@ class DeviceNode:
     """A device node a container gets: ``path`` inside the container, ``host_path`` when it differs.
 
     ``permissions`` are cgroup permissions (``r``, ``w``, ``m``). ``type``/``major``/``minor`` are
-    optional hints for CDI; runtimes read them from the host node when absent.
+    optional hints for CDI; runtimes read them from the host node when absent. ``file_mode``,
+    ``uid`` and ``gid`` set the node's mode and owner in the container (CDI only).
     """
 
     path: str
@@ -138,6 +142,8 @@ class DeviceNode:
     major: int | None = None
     minor: int | None = None
     file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
     @property
     def source(self) -> str:
@@ -325,7 +331,9 @@ class DeviceSnapshot:
     ``common_edits`` apply to any allocation of the resource (``/dev/vfio/vfio``,
     ``/dev/nvidiactl``). ``ids_env``, when set, names the env var that carries the comma-joined IDs
     of the allocated devices. ``skipped`` lists devices the backend found but will not advertise,
-    with the reason (shown by ``cdiplug discover``). ``counter_sets`` are the shared counters of
+    with the reason (shown by ``cdiplug discover``), ``explained`` what each of the resource's
+    selectors found (``groups[0].paths[1]``, ``matched /dev/snd/controlC0, ...``; shown there too).
+    ``counter_sets`` are the shared counters of
     partitionable devices, which partitions among ``devices`` consume (DRA publishes them).
     """
 
@@ -334,6 +342,7 @@ class DeviceSnapshot:
     common_edits: ContainerEdits = ContainerEdits()
     ids_env: str | None = None
     skipped: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple, eq=False)
+    explained: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple, eq=False)
     counter_sets: tuple[CounterSet, ...] = field(default=(), converter=tuple[CounterSet, ...])
     _index: Mapping[str, Device] = field(init=False, repr=False, eq=False, hash=False)
 

@@ -200,6 +200,16 @@ def test_bench_pci_scan_reports_the_scan_time() -> None:
     assert isinstance(figures["missed"], list)
 
 
+def test_bench_generic_reports_every_figure_beside_its_floor() -> None:
+    result = run_bench(
+        "bench_generic.py", "--nodes", "20", "--usb", "20", "--rounds", "4", "--runs", "2", "--peer", "", "--peer-rounds", "1"
+    )
+    figures = result["figures"]
+    for name in ("hotplug_ms_p50", "hotplug_ms_p95", "discover_nodes_ms", "discover_usb_ms", "rss_per_1000_devices_mib"):
+        check_figure(name, figures[name], floor=True)
+    check_missed(figures, result["missed"])
+
+
 def test_bench_dra_reports_every_figure() -> None:
     figures = run_bench("bench_dra.py", "--claims", "5", "--devices", "300", "--concurrency", "1,4", "--rounds", "2")
     for key in (

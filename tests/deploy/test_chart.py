@@ -60,7 +60,15 @@ def example(name: str) -> list[dict[str, Any]]:
 
 
 def test_every_example_is_there() -> None:
-    assert set(NAMES) == {"fake-device-plugin", "fake-dra", "pci-vfio", "nvidia-device-plugin", "nvidia-dra", "mixed-fleet"}
+    assert set(NAMES) == {
+        "fake-device-plugin",
+        "fake-dra",
+        "pci-vfio",
+        "nvidia-device-plugin",
+        "nvidia-dra",
+        "mixed-fleet",
+        "generic",
+    }
 
 
 @pytest.mark.parametrize("values", [*NAMES, "defaults"])
@@ -152,8 +160,13 @@ def test_privileges_follow_the_backends(name: str) -> None:
     else:
         assert "privileged" not in security
         assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
-        assert not d.pod.get("hostNetwork") and not d.pod.get("hostPID")
+        # The generic backend alone: the node's network for udev's netlink events, nothing more.
+        assert bool(d.pod.get("hostNetwork")) == ("generic" in backends) and not d.pod.get("hostPID")
         assert "/dev/vfio" not in host_paths(d)
+    if "generic" in backends:
+        assert {"/sys", "/dev"} <= host_paths(d)
+        assert d.host_path_of(d.flags["sysfs-root"]) == PurePosixPath("/sys")
+        assert d.flags["dev-root"] == "/host" and d.host_path_of("/host/dev") == PurePosixPath("/dev")
     if backends == {"fake"}:
         assert host_paths(d) <= {
             "/var/lib/kubelet/device-plugins",
@@ -412,6 +425,8 @@ def test_the_container_cleans_its_node_when_its_daemonset_is_gone(tmp_path: Path
         a for a in serve.split()[2:] if not a.startswith(("--config=", "--log-format=", "--metrics-address="))
     }
     assert "--instance=lab" in args
+    parsed = build_parser().parse_args(args[1:])
+    assert parsed.command == "cleanup" and parsed.instance == "lab"
 
 
 def test_the_container_leaves_its_node_alone_while_its_daemonset_stands(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_every_backend_entry_point_loads_from_the_installed_wheel(wheel: Path, t
         capture_output=True,
     )
     backends = sorted(p.parent.name for p in (site / "cdiplug_backends").glob("*/__init__.py") if p.parent.name != "testing")
-    assert backends == ["fake", "nvidia", "pci"]
+    assert backends == ["fake", "generic", "nvidia", "pci"]
     # PYTHONPATH comes before site-packages (and the checkout's editable finder): the wheel's files answer
     result = subprocess.run(
         [sys.executable, "-s", "-c", _PROBE],

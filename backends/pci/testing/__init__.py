@@ -4,11 +4,13 @@
   block devices) and their ``/dev/vfio`` nodes, as Linux does.
 - :class:`FakeSysfsKernel`: the kernel's side of binding (``driver_override``, ``bind``,
   ``drivers_probe``), recording writes, failing or "crashing" (:class:`SimulatedCrash`) on cue.
-- :class:`FakeUdevMonitor`: a started pyudev monitor that the fake kernel feeds.
+- :class:`FakeUdevMonitor`: the SDK's started pyudev-like monitor, which the fake kernel feeds.
 """
 
 from __future__ import annotations
 
-from .sysfs import FakeSysfsKernel, FakeUdevMonitor, SimulatedCrash, SysfsTree, UdevEvent
+from cdiplug.sdk import FakeUdevMonitor, UdevEvent
+
+from .sysfs import FakeSysfsKernel, SimulatedCrash, SysfsTree
 
 __all__ = ["FakeSysfsKernel", "FakeUdevMonitor", "SimulatedCrash", "SysfsTree", "UdevEvent"]

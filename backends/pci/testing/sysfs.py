@@ -29,54 +29,11 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from attrs import frozen
+from cdiplug.sdk import FakeUdevMonitor
 
 
 class SimulatedCrash(BaseException):
     """Raised by :class:`FakeSysfsKernel` to stop the caller dead, as SIGKILL would."""
-
-
-@frozen
-class UdevEvent:
-    """What pyudev's ``Device`` offers that the PCI backend looks at."""
-
-    action: str
-    sys_name: str
-    subsystem: str = "pci"
-
-
-class FakeUdevMonitor:
-    """A pyudev-like monitor: ``fileno()`` becomes readable when events are queued, ``poll(0)`` reads one."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        self._events: list[UdevEvent] = []
-        self.started = False
-
-    def start(self) -> None:
-        self.started = True
-
-    def fileno(self) -> int:
-        return self._r
-
-    def emit(self, action: str, address: str, subsystem: str = "pci") -> None:
-        self._events.append(UdevEvent(action, address, subsystem))
-        os.write(self._w, b"x")
-
-    def poll(self, timeout: float | None = None) -> UdevEvent | None:
-        try:
-            os.read(self._r, 1)
-        except BlockingIOError:
-            return None
-        return self._events.pop(0) if self._events else None
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def _write(path: Path, text: str) -> None:

@@ -18,6 +18,7 @@ from cdiplug.cli import main
 from cdiplug.host.owners import Owners
 from cdiplug.models.instance import DRA_DRIVER, RESOURCE
 from cdiplug.models.world import World
+from cdiplug.testing import ApiServerStandIn
 
 UID = "11111111-2222-3333-4444-555555555555"
 
@@ -103,3 +104,40 @@ def test_cleanup_waits_for_the_daemon_and_refuses_naming_it(two: tuple[World, Wo
         running.close()
     assert f"instance 'blue' (pid {__import__('os').getpid()}) still runs" in capsys.readouterr().err
     assert all(p.exists() for p in files)  # nothing touched
+
+
+async def test_cleanup_with_api_deletes_the_instances_slices_and_node_labels(
+    two: tuple[World, World], api: ApiServerStandIn, node_name: str, short_tmp: Path
+) -> None:
+    import asyncio
+
+    from cdiplug.kube.client import connect
+
+    default, blue = two
+    kubeconfig = api.kubeconfig(short_tmp / "kubeconfig")
+    lay_out(blue, "example.com/nic", "nic.example.com")
+    lay_out(default, "example.com/fpga", "fpga.example.com")
+    for driver, node in (("nic.example.com", node_name), ("nic.example.com", "node-b"), ("fpga.example.com", node_name)):
+        name = f"{node}-{driver}"
+        api.put_slice(
+            {
+                "metadata": {"name": name},
+                "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+            }
+        )
+    labels = {
+        "cdiplug.dev/example.com.nic.count": "2",
+        "cdiplug.dev/example.com.fpga.count": "2",
+        "cdiplug.dev/config": "gpu",
+        "team": "a",
+    }
+    client = connect(kubeconfig)
+    try:
+        await client.patch_node(node_name, {"metadata": {"labels": labels}})
+    finally:
+        await client.close()
+    argv = args(blue, "--api", "--kubeconfig", str(kubeconfig), "--node-name", node_name)
+    assert await asyncio.to_thread(main, argv) == 0
+    assert sorted(s["metadata"]["name"] for s in api.slices()) == [f"{node_name}-fpga.example.com", "node-b-nic.example.com"]
+    left = api.node(node_name)["metadata"]["labels"]
+    assert left == {k: v for k, v in labels.items() if k != "cdiplug.dev/example.com.nic.count"}

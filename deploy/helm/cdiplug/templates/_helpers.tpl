@@ -133,7 +133,9 @@ names no resources (the daemon's own default without --config). */}}
 {{- define "cdiplug.pod" -}}
 {{- $d := include "cdiplug.derived" . | fromJson }}
 {{- $pci := has "pci" $d.backends }}
-{{- $hostNetwork := $pci }}
+{{- /* The generic backend hears hotplug from udev over netlink, whose events are per network
+namespace: only the node's own carries them (elsewhere it finds changes at its rescan). */}}
+{{- $hostNetwork := or $pci (has "generic" $d.backends) }}
 {{- if not (kindIs "invalid" .Values.hostNetwork) }}{{ $hostNetwork = .Values.hostNetwork }}{{ end }}
 {{- /* Surge only with DRA resources alone, and off the host network: two pods of a surge on
 the node's network would both need the metrics port (and a declared port is a host port there,
