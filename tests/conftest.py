@@ -11,12 +11,16 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import pytest
 
 from cdiplug.models.world import World
 from cdiplug.testing import ApiServerStandIn
+
+if TYPE_CHECKING:
+    from cdiplug.kube.client import LightkubeClient
 
 
 @pytest.fixture
@@ -55,6 +59,17 @@ async def api(node_name: str) -> AsyncIterator[ApiServerStandIn]:
     async with ApiServerStandIn() as server:
         server.put_node(node_name)
         yield server
+
+
+@pytest.fixture
+async def client(api: ApiServerStandIn, tmp_path: Path) -> AsyncIterator[LightkubeClient]:
+    """cdiplug's Kubernetes client for ``api``, closed at the end."""
+    from cdiplug.kube.client import LightkubeClient  # lightkube only for the tests that ask
+    from cdiplug.kube.credentials import load_kubeconfig
+
+    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")))
+    yield client
+    await client.close()
 
 
 @pytest.fixture

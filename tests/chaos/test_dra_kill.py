@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,9 @@ CYCLES: list[str] = []
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
+def node_name() -> str:
+    """The node the shared ``api`` fixture (tests/conftest.py) knows."""
+    return NODE
 
 
 def dra_args(world: World, short_tmp: Path, api: ApiServerStandIn) -> list[str]:

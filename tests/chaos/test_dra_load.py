@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
@@ -35,10 +34,9 @@ CONNECTION_POOL = 100
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
+def node_name() -> str:
+    """The node the shared ``api`` fixture (tests/conftest.py) knows."""
+    return NODE
 
 
 def put_claims(api: ApiServerStandIn) -> list[ClaimRef]:

@@ -425,6 +425,8 @@ def test_the_container_cleans_its_node_when_its_daemonset_is_gone(tmp_path: Path
         a for a in serve.split()[2:] if not a.startswith(("--config=", "--log-format=", "--metrics-address="))
     }
     assert "--instance=lab" in args
+    parsed = build_parser().parse_args(args[1:])
+    assert parsed.command == "cleanup" and parsed.instance == "lab"
 
 
 def test_the_container_leaves_its_node_alone_while_its_daemonset_stands(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ devices not registered unless ``register_when_empty: true``, and registered once
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +75,9 @@ def set_label(api: ApiServerStandIn, value: str | None) -> None:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node("n1")
-        yield server
+def node_name() -> str:
+    """The node the shared ``api`` fixture (tests/conftest.py) knows."""
+    return "n1"
 
 
 async def test_the_node_label_chooses_the_configuration_live(api: ApiServerStandIn, world: World, short_tmp: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +31,9 @@ NODE = "node-a"
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node(NODE)
-        yield server
+def node_name() -> str:
+    """The node the shared ``api`` fixture (tests/conftest.py) knows."""
+    return NODE
 
 
 def plugins(fake: FakeNvml) -> dict[str, BackendPlugin[Any]]:

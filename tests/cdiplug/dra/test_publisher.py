@@ -13,7 +13,6 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,6 @@ from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.dra.slices import UnhealthyPolicy
 from cdiplug.errors import KubernetesError
 from cdiplug.kube.client import LightkubeClient, slice_object
-from cdiplug.kube.credentials import load_kubeconfig
 from cdiplug.models.devices import Device, DeviceSnapshot, Health, HealthCause
 from cdiplug.telemetry.recorder import NullRecorder
 from cdiplug.testing import ApiServerStandIn
@@ -34,17 +32,9 @@ def snapshot(count: int) -> DeviceSnapshot:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        server.put_node("n1")
-        yield server
-
-
-@pytest.fixture
-async def client(api: ApiServerStandIn, tmp_path: Path) -> AsyncIterator[LightkubeClient]:
-    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")))
-    yield client
-    await client.close()
+def node_name() -> str:
+    """The node the shared ``api`` fixture (tests/conftest.py) knows."""
+    return "n1"
 
 
 @pytest.fixture

@@ -11,14 +11,12 @@ the configuration label read first and followed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 
 import pytest
 
 from cdiplug.kube.client import LightkubeClient
 from cdiplug.kube.config_label import ConfigLabelWatch
-from cdiplug.kube.credentials import load_kubeconfig
 from cdiplug.kube.events import NodeEvents, health_changes
 from cdiplug.kube.node_labels import NodeLabeler, label_patch, label_value, resource_labels
 from cdiplug.models.devices import Device, DeviceSnapshot, Health, HealthCause
@@ -81,19 +79,6 @@ def test_the_patch_names_only_owned_keys() -> None:
 
 
 # -- against the stand-in ----------------------------------------------------------------------
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        yield server
-
-
-@pytest.fixture
-async def client(api: ApiServerStandIn, tmp_path: Path) -> AsyncIterator[LightkubeClient]:
-    client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")))
-    yield client
-    await client.close()
 
 
 def node_labels(api: ApiServerStandIn) -> dict[str, str]:
