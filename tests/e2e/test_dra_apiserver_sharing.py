@@ -89,7 +89,8 @@ async def test_shared_and_partitioned_devices_are_stored_as_published(client: Li
         snapshot = DeviceSnapshot("example.com/gpu", [shared_device(0), shared_device(1), *parts], counter_sets=sets)
         publisher.want(snapshot)
         await asyncio.wait_for(publisher.wait_published(1), 30)
-        items, _ = await client.list_slices(DRIVER, "n1")
+        slices, _ = await client.list_slices(DRIVER, "n1")
+        items = [s.to_dict() for s in slices]  # the API's own field names
         by_name = {i["metadata"]["name"]: i["spec"] for i in items}
         assert len(items) == 3 and {s["pool"]["resourceSliceCount"] for s in by_name.values()} == {3}
         counter_slices = [s for s in by_name.values() if s.get("sharedCounters")]
@@ -160,7 +161,8 @@ async def test_the_example_config_s_fake_devices_are_stored_as_published(client:
         try:
             publisher.want(snapshot)
             await asyncio.wait_for(publisher.wait_published(1), 30)
-            items, _ = await client.list_slices(resource.settings.dra_driver, "n1")
+            slices, _ = await client.list_slices(resource.settings.dra_driver, "n1")
+            items = [s.to_dict() for s in slices]  # the API's own field names
             devices = {d["name"]: d for i in items for d in i["spec"].get("devices") or ()}
             counters = [c["name"] for i in items for c in i["spec"].get("sharedCounters") or ()]
             assert sorted(devices) == sorted(snapshot.ids)
@@ -223,7 +225,8 @@ async def test_mig_devices_and_their_gpu_s_counter_set_are_stored_as_published(c
     try:
         publisher.want(snapshot)
         await asyncio.wait_for(publisher.wait_published(1), 30)
-        items, _ = await client.list_slices("mig.nvidia.com", "n1")
+        slices, _ = await client.list_slices("mig.nvidia.com", "n1")
+        items = [s.to_dict() for s in slices]  # the API's own field names
         (counters,) = [c for i in items for c in i["spec"].get("sharedCounters") or ()]
         assert counters == {"name": "gpu-0-mig", "counters": {"slices": {"value": "7"}, "memory": {"value": str(80 << 30)}}}
         devices = [d for i in items for d in i["spec"].get("devices") or ()]
@@ -259,7 +262,8 @@ async def test_a_device_in_63_partitions_is_stored_as_published(client: Lightkub
     try:
         publisher.want(snapshot)
         await asyncio.wait_for(publisher.wait_published(1), 30)
-        items, _ = await client.list_slices("tile.example.com", "n1")
+        slices, _ = await client.list_slices("tile.example.com", "n1")
+        items = [s.to_dict() for s in slices]  # the API's own field names
         devices = [d for i in items for d in i["spec"].get("devices") or ()]
         assert len(devices) == 63 and len(items) == 2 and publisher.failures == 0
         whole = next(d for d in devices if d["name"] == "tile-0")
