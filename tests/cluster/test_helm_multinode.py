@@ -55,7 +55,9 @@ def fleet(
         }
     )
     values = tmp_path_factory.mktemp("fleet") / "values.yaml"
-    configurations = {"default": {"resources": []}} | {n["name"]: n["cdiplug"] for n in nodes}
+    # default: nodes without the label (none here); a configuration needs a resource, none found.
+    nothing = {"resources": [{"name": "example.com/fpga", "backend": "fake", "options": {"count": 0}}]}
+    configurations = {"default": nothing} | {n["name"]: n["cdiplug"] for n in nodes}
     # Every taint tolerated, as test_multinode's kustomize deployment does: the chart's default
     # tolerates none, and this cluster's nodes may keep the kubelet's not-ready taint.
     values.write_text(yaml.safe_dump({"config": {"configurations": configurations}, "tolerations": [{"operator": "Exists"}]}))
