@@ -55,10 +55,26 @@ def fleet(
         }
     )
     values = tmp_path_factory.mktemp("fleet") / "values.yaml"
-    configurations = {"default": {"resources": []}} | {n["name"]: n["cdiplug"] for n in nodes}
+    # default: nodes without the label (none here); a configuration needs a resource, none found.
+    nothing = {"resources": [{"name": "example.com/fpga", "backend": "fake", "options": {"count": 0}}]}
+    configurations = {"default": nothing} | {n["name"]: n["cdiplug"] for n in nodes}
     # Every taint tolerated, as test_multinode's kustomize deployment does: the chart's default
     # tolerates none, and this cluster's nodes may keep the kubelet's not-ready taint.
-    values.write_text(yaml.safe_dump({"config": {"configurations": configurations}, "tolerations": [{"operator": "Exists"}]}))
+    # Pods reach this cluster's API server on the host network only (127.0.0.1:6443, as the
+    # multinode kustomize deployment does); each node has its own address for the metrics port.
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "config": {"configurations": configurations},
+                "tolerations": [{"operator": "Exists"}],
+                "hostNetwork": True,
+                "extraEnv": [
+                    {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+                ],
+            }
+        )
+    )
     for n in nodes:
         kube("label", "node", n["name"], f"{CONFIG_LABEL}={n['name']}", "--overwrite")
     # --disable-openapi-validation: this kube-apiserver build cannot serve its OpenAPI document.

@@ -339,6 +339,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
         "/metrics/service/enabled",
     ),
     ("metrics port", {"metrics": {"port": 70000}}, "/metrics/port"),
+    ("no resource", {"config": {"configurations": {"default": {"resources": []}}}}, "/config/configurations/default/resources"),
     ("relative path", {"paths": {"cdi": "run/cdi"}}, "/paths/cdi"),
     (
         "configuration name",
