@@ -266,13 +266,19 @@ class SpecWriter:
         """Remove this instance's per-kind spec files for kinds not in ``keep_kinds``.
 
         Per-claim specs are their owner's (:meth:`remove_stale_files`). Also removes temporary
-        files a crash may have left behind. Never touches another instance's files or anyone
-        else's. Returns the paths removed.
+        files a crash may have left behind. Never touches anyone else's files, with one exception:
+        another instance's spec of a kind this instance serves now. This instance holds the claim
+        on the resource (:mod:`cdiplug.host.owners`), so that instance no longer serves it, and two
+        specs of one kind in one folder make every device of it unresolvable for the runtime.
+        Returns the paths removed.
         """
-        keep = {self.names.resource_spec(k) for k in keep_kinds}
+        kinds = list(keep_kinds)
+        keep = {self.names.resource_spec(k) for k in kinds}
         names = self.names
 
         def stale(name: str) -> bool:
+            if any(names.is_others_resource_spec(name, k) for k in kinds):
+                return True
             return (names.is_resource_spec(name) and name not in keep) or names.is_leftover(name)
 
         with self._lock:

@@ -14,8 +14,9 @@ deadline): there, an exclusive ``flock`` that succeeds means nobody holds the na
 claimer writes itself in and keeps a shared lock; one that fails means somebody does, and the
 file says who. The same instance again (the old and the new pod of a rolling update, each with
 its own ``--pod-uid``) shares the claim; anyone else gets :class:`OwnerConflict`, naming the
-owner, unless both run with a pod UID (the old and the new pod of a rolling update): one
-instance with two processes serving one resource otherwise is a mistake too. Claim files are never removed while the daemon runs (a removal could race with another
+owner, unless the newcomer runs with a pod UID of its own (the new pod of a surging rolling
+update; the old one may have none): one instance with two processes serving one resource
+otherwise is a mistake too. Claim files are never removed while the daemon runs (a removal could race with another
 claimer opening the file); ``cdiplug cleanup`` removes those nobody holds.
 
 Blocking calls (file operations, the short guard wait): call them through ``asyncio.to_thread``.
@@ -114,7 +115,10 @@ class Owners:
             fd = filelock.hold(path, f"the claim on {_WHAT[kind]} {name}", wait=0)
         except filelock.LockBusy:
             owner = read_owner(path)
-            surge = bool(self.pod_uid) and bool(owner.get("pod_uid")) and owner.get("pod_uid") != self.pod_uid
+            # The new pod of a surging rolling update has a pod UID; the old one may have none (a
+            # DaemonSet moving from a device-plugin configuration to a DRA one surges from a pod
+            # that never needed one).
+            surge = bool(self.pod_uid) and owner.get("pod_uid") != self.pod_uid
             if owner.get("instance") != self.instance or not surge:
                 raise OwnerConflict(
                     f"{_WHAT[kind]} {name} is served on this node by {describe(owner)} already ({path}); "

@@ -276,4 +276,7 @@ class SpecKeepers:
             log.error("cannot clean up old CDI specs: %s", exc)
             return
         for path in removed:
-            log.info("removed CDI spec %s (its resource is no longer configured)", path)
+            if self.writer.names.owns_spec(path.name):
+                log.info("removed CDI spec %s (its resource is no longer configured)", path)
+            else:
+                log.info("removed CDI spec %s of another instance that no longer serves its kind (this one does)", path)

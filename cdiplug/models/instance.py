@@ -69,6 +69,17 @@ class Instance:
         vendor, _, cls = kind.partition("/")
         return f"{self.prefix}{vendor}-{cls}{SPEC_SUFFIX}"
 
+    def is_others_resource_spec(self, name: str, kind: str) -> bool:
+        """Whether ``name`` is another instance's spec file of ``kind`` (the default instance's, or
+        ``cdiplug.OTHER.<vendor>-<class>.json``)."""
+        tail = Instance().resource_spec(kind)[len(DEFAULT_PREFIX) :]
+        if name == self.resource_spec(kind):
+            return False
+        if name == DEFAULT_PREFIX + tail:
+            return True
+        other, dot, rest = name.removeprefix("cdiplug.").partition(".")
+        return name.startswith("cdiplug.") and bool(dot) and rest == tail and _is_label(other)
+
     def claim_spec(self, uid: str) -> str:
         """The spec file of a DRA claim (``uid`` checked by the caller: a UUID-like name)."""
         return f"{self.prefix}{CLAIM_PART}{uid}{SPEC_SUFFIX}"
@@ -101,3 +112,8 @@ class Instance:
 def owners_dir(base: Path) -> Path:
     """The folder, shared by every instance, where resources and DRA drivers are claimed."""
     return Path(base) / OWNERS_FOLDER
+
+
+def _is_label(name: str) -> bool:
+    """A DNS label, as instance names are: what sits between ``cdiplug.`` and the next dot."""
+    return 0 < len(name) <= 63 and name.replace("-", "").isalnum() and name.islower() and name[0] != "-" != name[-1]

@@ -21,6 +21,7 @@ from cdiplug.cdi.validate import check_file
 from cdiplug.cdi.writer import SpecWriter
 from cdiplug.errors import CdiError
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
+from cdiplug.models.instance import Instance
 
 KIND = "example.com/fpga"
 
@@ -265,3 +266,23 @@ def test_kind_cannot_leave_the_folder(tmp_path: Path, fpga_snapshot: DeviceSnaps
         with pytest.raises(CdiError):
             writer.write(kind, fpga_snapshot)
     assert files(tmp_path) == []
+
+
+def test_another_instances_spec_of_a_kind_we_serve_now_goes_the_others_stay(
+    tmp_path: Path, fpga_snapshot: DeviceSnapshot
+) -> None:
+    # Two specs of one kind in one folder make every device of it unresolvable for the runtime
+    # ("unresolvable CDI devices example.com/fpga=fpga-0"). The instance that holds the resource's
+    # claim takes the kind over; another instance's specs of other kinds stay.
+    SpecWriter(tmp_path).write(KIND, fpga_snapshot)  # the default instance, stopped
+    SpecWriter(tmp_path, names=Instance("old")).write(KIND, fpga_snapshot)  # a named one, stopped
+    SpecWriter(tmp_path, names=Instance("blue")).write("example.com/dongle", fpga_snapshot)  # serving another kind
+    seed = SpecWriter(tmp_path, names=Instance("seed"))
+    seed.write(KIND, fpga_snapshot)
+    removed = seed.remove_stale([KIND])
+    assert removed == sorted([tmp_path / "cdiplug-example.com-fpga.json", tmp_path / "cdiplug.old.example.com-fpga.json"])
+    assert files(tmp_path) == ["cdiplug.blue.example.com-dongle.json", "cdiplug.seed.example.com-fpga.json"]
+    # and the default instance takes it back the same way
+    default = SpecWriter(tmp_path)
+    default.write(KIND, fpga_snapshot)
+    assert default.remove_stale([KIND]) == [tmp_path / "cdiplug.seed.example.com-fpga.json"]

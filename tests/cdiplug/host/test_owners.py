@@ -57,6 +57,15 @@ def test_one_instance_twice_is_refused_but_not_the_pods_of_a_rolling_update(tmp_
         Owners(tmp_path, "c").claim([NIC])  # still held, by the new pod
 
 
+def test_a_surge_from_a_pod_without_a_pod_uid_shares_the_claim(tmp_path: Path) -> None:
+    # A DaemonSet rolled from a device-plugin configuration (no pod UID) to a DRA one (maxSurge 1,
+    # its new pod with a pod UID): the new pod starts beside the old one and takes the resource over.
+    Owners(tmp_path).claim([FPGA])
+    Owners(tmp_path, pod_uid="new-pod").claim([FPGA])
+    with pytest.raises(OwnerConflict, match="default instance"):
+        Owners(tmp_path, "other", pod_uid="x").claim([FPGA])
+
+
 def test_reload_keeps_only_what_is_configured(tmp_path: Path) -> None:
     owners = Owners(tmp_path, "a")
     owners.claim([FPGA, NIC])

@@ -121,23 +121,29 @@ async def test_names_are_the_instances_own(tmp_path: Path) -> None:
 
 
 async def test_sweeps_of_each_instance_match_only_its_own_files(tmp_path: Path) -> None:
-    fpga = DeviceSnapshot("example.com/fpga", [Device("fpga-0", edits=ContainerEdits(env={"A": "1"}))])
+    # Each instance serves a kind of its own (two instances never serve one resource: the owner
+    # claims refuse it), and every one had the kind nic, which leaves every configuration.
     nic = DeviceSnapshot("example.com/nic", [Device("nic-0", edits=ContainerEdits(env={"A": "1"}))])
     instances = {n: SpecKeepers(tmp_path, names=Instance(n)) for n in ("", "blue", "blue-2", "b")}
-    for keepers in instances.values():
-        await keepers.keeper("example.com/fpga").ensure(fpga)
+
+    def own(name: str) -> str:
+        return f"example.com/fpga-{name or 'default'}"
+
+    for name, keepers in instances.items():
+        mine = DeviceSnapshot(own(name), [Device("fpga-0", edits=ContainerEdits(env={"A": "1"}))])
+        await keepers.keeper(own(name)).ensure(mine)
         await keepers.keeper("example.com/nic").ensure(nic)
         await keepers.keep_file(keepers.names.claim_spec("uid-1"), CONTENT)
         (tmp_path / f".{keepers.names.resource_spec('example.com/old')}.1.2.tmp").write_text("left by a crash")
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert "cdiplug.blue.example.com-fpga.json" in before and "cdiplug.blue.claim-uid-1.json" in before
+    assert "cdiplug.blue.example.com-fpga-blue.json" in before and "cdiplug.blue.claim-uid-1.json" in before
     for name, keepers in instances.items():
         present = sorted(p.name for p in tmp_path.iterdir())
-        await keepers.remove_stale(["example.com/fpga"])  # nic leaves every instance's configuration
+        await keepers.remove_stale([own(name)])  # nic leaves every instance's configuration
         await keepers.remove_stale_files(keepers.names.is_claim_spec)  # and every claim is gone
         theirs = Instance(name)
         left = sorted(p.name for p in tmp_path.iterdir())
-        assert theirs.resource_spec("example.com/fpga") in left
-        assert [n for n in left if theirs.owns_spec(n) or theirs.is_leftover(n)] == [theirs.resource_spec("example.com/fpga")]
+        assert theirs.resource_spec(own(name)) in left
+        assert [n for n in left if theirs.owns_spec(n) or theirs.is_leftover(n)] == [theirs.resource_spec(own(name))]
         others = [n for n in present if not (theirs.owns_spec(n) or theirs.is_leftover(n))]
         assert set(others) <= set(left)  # nobody else's file went
