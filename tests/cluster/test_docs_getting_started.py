@@ -55,24 +55,28 @@ def bare_node(kube: Kube) -> Iterator[None]:
 
 
 WRAPPER = """#!/bin/sh
-# {tool} as the page types it, without the client-side OpenAPI validation this cluster cannot serve.
+# {tool} as the page types it, without what this cluster's API server cannot serve.
 real={real}
 case "$1" in
-  {verbs}) verb=$1; shift; exec "$real" "$verb" {flag} "$@" ;;
+{cases}
 esac
 exec "$real" "$@"
 """
+# kubectl and helm validate objects against the OpenAPI document; Helm's post-delete hook is built
+# (and validated) at uninstall, so it is left out there (the daemon pods' own cleanup still runs).
+FLAGS = {
+    "kubectl": {"apply": "--validate=false"},
+    "helm": {"install": "--disable-openapi-validation", "upgrade": "--disable-openapi-validation", "uninstall": "--no-hooks"},
+}
 
 
 def without_openapi(folder: Path) -> Path:
     folder.mkdir()
-    for tool, verbs, flag in (
-        ("kubectl", "apply", "--validate=false"),
-        ("helm", "install|upgrade", "--disable-openapi-validation"),
-    ):
+    for tool, flags in FLAGS.items():
         real = shutil.which(tool)
         assert real, f"{tool} is installed by hack/get-tools.sh"
-        (folder / tool).write_text(WRAPPER.format(tool=tool, real=real, verbs=verbs, flag=flag))
+        cases = "\n".join(f'  {verb}) shift; exec "$real" {verb} {flag} "$@" ;;' for verb, flag in flags.items())
+        (folder / tool).write_text(WRAPPER.format(tool=tool, real=real, cases=cases))
         (folder / tool).chmod(0o755)
     return folder
 
