@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -365,7 +366,10 @@ def figure(
     whether it is met (None: no goal)."""
 
     def rounded(value: float) -> float:
-        return round(value) if digits == 0 else round(value, digits)
+        # ``digits`` decimals, but never fewer than three significant digits: a small floor
+        # rounded to one digit would make the printed ratio disagree with the printed values.
+        places = digits if value == 0 else max(digits, 2 - math.floor(math.log10(abs(value))))
+        return round(value) if places == 0 else round(value, places)
 
     out: dict[str, Any] = {"cdiplug": None if cdiplug is None else rounded(cdiplug)}
     if floor is not None:
