@@ -39,7 +39,7 @@ from cdiplug.dra import claimspec, metadata
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.driver import DraDriver
 from cdiplug.dra.instances import InstanceLock
-from cdiplug.dra.prepare import BOOT_ID, ClaimPreparer, read_boot_id
+from cdiplug.dra.prepare import BOOT_ID, ClaimPreparer, NodeContext, read_boot_id
 from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.dra.rollback import roll_back_started
 from cdiplug.dra.settings import DraSettings, driver_of
@@ -208,19 +208,10 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
                 log.info("removed device metadata %s (its claim is not prepared)", path)
 
     def _new_driver(self, rc: ResourceConfig[Any]) -> DraDriver:
-        node = self.world.node_name
-        preparer = ClaimPreparer(
-            rc,
-            node,
-            self.host,
-            self.store,
-            self.client,
-            self.recorder,
-            boot_id=self.boot_id,
-            plugins_dir=self.world.plugins_dir,
-            instance=self.world.pod_uid or "",
-        )
-        publisher = SlicePublisher(self.client(), driver_of(rc), node, resource=rc.name, recorder=self.recorder)
+        w = self.world
+        node = NodeContext(w.node_name, boot_id=self.boot_id, plugins_dir=w.plugins_dir, instance=w.pod_uid or "")
+        preparer = ClaimPreparer(rc, node, self.host, self.store, self.client, self.recorder)
+        publisher = SlicePublisher(self.client(), driver_of(rc), node.name, resource=rc.name, recorder=self.recorder)
         return DraDriver(rc, self.world, preparer, publisher, self.supervisor, self.recorder)
 
     async def reload(self, resources: Sequence[ResourceConfig[Any]], recreated: frozenset[str]) -> None:

@@ -102,36 +102,51 @@ def read_boot_id(path: Path) -> str | None:
     return value or None
 
 
+@attrs.frozen
+class NodeContext:
+    """Where a driver's claims are prepared: this node, as every claim preparer of the daemon sees it.
+
+    ``name``: the node's name (whose pool's results are ours). ``boot_id``: the node's boot ID
+    (:func:`read_boot_id`), recorded with each claim so that a restore can tell a reboot; None
+    when it cannot be read. ``plugins_dir``: the kubelet's plugins folder, below which device
+    metadata (``device_metadata: true``) is written; None when none is. ``instance``: our pod UID,
+    recorded as the owner of what we start preparing (empty without ``--pod-uid``).
+    ``pause_after``: the test hook's step (:data:`PAUSE_ENV` when None).
+    """
+
+    name: str
+    boot_id: str | None = None
+    plugins_dir: Path | None = None
+    instance: str = ""
+    pause_after: str | None = None
+
+
 class ClaimPreparer(ClaimHandler):
     """NodePrepareResources and NodeUnprepareResources of one driver, as plain calls."""
 
     def __init__(
         self,
         resource: ResourceConfig[Any],
-        node: str,
+        node: NodeContext,
         host: BackendHost,
         store: ClaimStore,
         client: Callable[[], KubeClient],
         recorder: Recorder = NULL_RECORDER,
-        pause_after: str | None = None,
-        boot_id: str | None = None,
-        plugins_dir: Path | None = None,
-        instance: str = "",
     ) -> None:
         self.resource = resource
-        self.plugins_dir = plugins_dir  # device metadata (``device_metadata: true``) goes below it
+        self.plugins_dir = node.plugins_dir  # device metadata (``device_metadata: true``) goes below it
         self.driver = driver_of(resource)
-        self.node = node
+        self.node = node.name
         self.host = host
         self.store = store
         self.client = client
         self.recorder = recorder
-        self.pause_after = pause_after if pause_after is not None else os.environ.get(PAUSE_ENV) or None
-        self.boot_id = boot_id
-        self.instance = instance  # our pod UID, recorded as the owner of what we start preparing
+        self.pause_after = node.pause_after if node.pause_after is not None else os.environ.get(PAUSE_ENV) or None
+        self.boot_id = node.boot_id
+        self.instance = node.instance  # our pod UID, recorded as the owner of what we start preparing
         self._locks: KeyedLock[str] = KeyedLock()
         self._status = StatusWriter(client, self.driver)
-        self._restorer = Restorer(store, self.driver, host.specs, boot_id, self._locks, self._respec)
+        self._restorer = Restorer(store, self.driver, host.specs, node.boot_id, self._locks, self._respec)
         self._drain = Drain(store, self.driver)
         self._known = asyncio.Event()  # set by devices_known(): the backend has reported
 

@@ -34,7 +34,7 @@ from cdiplug.config import parse_config
 from cdiplug.dra import prepare as prepare_module
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
-from cdiplug.dra.prepare import ClaimPreparer
+from cdiplug.dra.prepare import ClaimPreparer, NodeContext
 from cdiplug.dra.rollback import roll_back_started
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import DeviceSnapshot
@@ -91,7 +91,7 @@ async def run(root: Path, step: str, seed: int) -> None:
     await store.load()
     await roll_back_started(store, host)
     claims = Claims()
-    preparer = ClaimPreparer(resource, NODE, host, store, lambda: claims, pause_after=step)  # type: ignore[arg-type, return-value]
+    preparer = ClaimPreparer(resource, NodeContext(NODE, pause_after=step), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     preparer.devices_known()
     await preparer.restore(latest[-1])
     say("recovered")

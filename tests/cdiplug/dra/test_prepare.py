@@ -33,7 +33,7 @@ from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.instances import InstanceLock
-from cdiplug.dra.prepare import ClaimPreparer
+from cdiplug.dra.prepare import ClaimPreparer, NodeContext
 from cdiplug.dra.rollback import roll_back_started
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import DeviceUnavailable, KubernetesError, PreparationError
@@ -146,7 +146,7 @@ class Observed:
 
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore, recorder: Any = None) -> ClaimPreparer:
     extra = {"recorder": recorder} if recorder is not None else {}
-    return ClaimPreparer(RC, "n1", host, store, lambda: claims, **extra)  # type: ignore[arg-type, return-value]
+    return ClaimPreparer(RC, NodeContext("n1"), host, store, lambda: claims, **extra)  # type: ignore[arg-type, return-value]
 
 
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"
@@ -322,7 +322,7 @@ async def test_at_start_a_claim_the_other_running_instance_is_preparing_is_left_
     await store.load()
     a = InstanceLock(world.state_dir, POD_A)
     a.acquire()
-    prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, instance=POD_A)  # type: ignore[arg-type, return-value]
+    prep = ClaimPreparer(RC, NodeContext("n1", instance=POD_A), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     gate, held = asyncio.Event(), asyncio.Event()
 
     async def hold(devices: Sequence[Device]) -> None:
@@ -359,7 +359,7 @@ async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: Back
     claims = Claims()
     store = ClaimStore(world.state_dir)
     await store.load()
-    prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, boot_id="boot-1")  # type: ignore[arg-type, return-value]
+    prep = ClaimPreparer(RC, NodeContext("n1", boot_id="boot-1"), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     a = claims.add(UID_A, ["nic-0"])
     await prep.prepare(a)
     before = spec_of(world, UID_A)
@@ -368,7 +368,7 @@ async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: Back
 
     store2 = ClaimStore(world.state_dir)
     await store2.load()
-    prep2 = ClaimPreparer(RC, "n1", host, store2, lambda: claims, boot_id="boot-1")  # type: ignore[arg-type, return-value]
+    prep2 = ClaimPreparer(RC, NodeContext("n1", boot_id="boot-1"), host, store2, lambda: claims)  # type: ignore[arg-type, return-value]
     assert prep2.restore_pending
     snapshot = host.latest(RESOURCE)
     assert snapshot is not None
@@ -382,7 +382,7 @@ async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost,
     claims = Claims()
     store = ClaimStore(world.state_dir)
     await store.load()
-    prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, boot_id="boot-1")  # type: ignore[arg-type, return-value]
+    prep = ClaimPreparer(RC, NodeContext("n1", boot_id="boot-1"), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     backend: Recording = Recording.last
     a, b = claims.add(UID_A, ["nic-0"]), claims.add(UID_B, ["nic-1"])
     first = await prep.prepare(a)
@@ -393,7 +393,7 @@ async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost,
     host.preparations(RESOURCE)._prepared.clear()
     store2 = ClaimStore(world.state_dir)
     await store2.load()
-    prep2 = ClaimPreparer(RC, "n1", host, store2, lambda: claims, boot_id="boot-2")  # type: ignore[arg-type, return-value]
+    prep2 = ClaimPreparer(RC, NodeContext("n1", boot_id="boot-2"), host, store2, lambda: claims)  # type: ignore[arg-type, return-value]
     reads = claims.reads
     assert await prep2.prepare(a) == attrs.evolve(first, boot_id="boot-2")  # the first prepare waits for the restore
     assert claims.reads == reads  # answered from the checkpoint
@@ -448,7 +448,7 @@ async def test_a_missing_spec_is_never_answered_before_the_devices_are_known(wor
         f"cdiplug-claim-{UID_A}.json",
     )
     await store.put(record)
-    prep = ClaimPreparer(RC, "n1", host, store, lambda: Claims())  # type: ignore[arg-type, return-value]
+    prep = ClaimPreparer(RC, NodeContext("n1"), host, store, lambda: Claims())  # type: ignore[arg-type, return-value]
     with pytest.raises(DeviceUnavailable, match="missing"):
         await prep._ensure_spec(record)
     await supervisor.close()

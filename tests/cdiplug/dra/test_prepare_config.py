@@ -27,7 +27,7 @@ import pytest
 from cdiplug.backend import BackendPlugin, CheckedOptions, ClaimConfigurable, Configured, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimStore, decode
 from cdiplug.dra.claims import ClaimRef
-from cdiplug.dra.prepare import ClaimPreparer
+from cdiplug.dra.prepare import ClaimPreparer, NodeContext
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest, KubernetesError
 from cdiplug.host import BackendHost
@@ -153,7 +153,7 @@ async def setup(host: BackendHost, world: World, boot_id: str | None = None) -> 
     claims = Claims()
     store = ClaimStore(world.state_dir)
     await store.load()
-    prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, boot_id=boot_id)  # type: ignore[arg-type, return-value]
+    prep = ClaimPreparer(RC, NodeContext("n1", boot_id=boot_id), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     return prep, claims, store
 
 

@@ -25,7 +25,7 @@ import pytest
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
-from cdiplug.dra.prepare import ClaimPreparer
+from cdiplug.dra.prepare import ClaimPreparer, NodeContext
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest, KubernetesError
 from cdiplug.host import BackendHost
@@ -135,7 +135,7 @@ async def host(world: World) -> AsyncIterator[BackendHost]:
 
 
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore) -> ClaimPreparer:
-    return ClaimPreparer(RC, "n1", host, store, lambda: claims)  # type: ignore[arg-type, return-value]
+    return ClaimPreparer(RC, NodeContext("n1"), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
 
 
 def spec(world: World, uid: str) -> dict[str, Any]:
