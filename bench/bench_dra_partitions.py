@@ -108,7 +108,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 await client.close()
         return {
             "partitions": len(snapshot.devices),
-            "counter_sets": len(snapshot.counter_sets),
+            "counter_sets": len(snapshot.sharing.counter_sets if snapshot.sharing else ()),
             "slices": slices,
             "floor_slices": floor_slices,
             "rounds": len(ours),

@@ -13,9 +13,11 @@ import contract in ``pyproject.toml`` (``lint-imports``) refuses any other. What
 - the options protocols its options class may subclass: :class:`CheckedOptions` (``problems()``)
   and :class:`SizedOptions` (``device_estimate()``); options are structured by :data:`converter`
   (unknown keys forbidden), enums registered with :func:`register_enum`;
-- the values it reports (:class:`DeviceSnapshot` of :class:`Device`, with :class:`ContainerEdits`, shares
-  (:class:`RequestPolicy`) and partitions (:class:`CounterSet`, :class:`CounterConsumption`),
-  :class:`DeviceNode`, :class:`Mount`, :class:`Health`, attributes), the configuration it is given
+- the values it reports (:class:`DeviceSnapshot` of :class:`Device`, with :class:`ContainerEdits`,
+  :class:`DeviceNode`, :class:`Mount`, :class:`Health`, attributes; and for DRA how devices are
+  shared: :class:`DeviceSharing` with :class:`RequestPolicy` for a shared device,
+  :class:`CounterConsumption` for a partition, :class:`PoolSharing` with the :class:`CounterSet`
+  its partitions consume), the configuration it is given
   (:class:`ResourceConfig`), the world passed in (:class:`World`) and the errors it raises;
 - toolkit helpers: bounded file reads, bounded YAML/JSON, atomic writes, state files
   (:mod:`~cdiplug.toolkit.statefile`: the ``.corrupt-<time>`` convention), lock files with a
@@ -61,8 +63,6 @@ from cdiplug.models.devices import (
     PCIE_ROOT_ATTRIBUTE,
     AttributeValue,
     ContainerEdits,
-    CounterConsumption,
-    CounterSet,
     Device,
     DeviceNode,
     DeviceSnapshot,
@@ -70,12 +70,12 @@ from cdiplug.models.devices import (
     HealthCause,
     Mount,
     PreferredRequest,
-    RequestPolicy,
     Version,
 )
 from cdiplug.models.names import resource_class
 from cdiplug.models.replicas import underlying
 from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.sharing import CounterConsumption, CounterSet, DeviceSharing, PoolSharing, RequestPolicy
 from cdiplug.models.world import World
 from cdiplug.toolkit import filelock, statefile
 from cdiplug.toolkit.atomic import TEMP_SUFFIX, fsync_dir, write_atomic
@@ -121,10 +121,12 @@ __all__ = [
     "CounterSet",
     "Device",
     "DeviceNode",
+    "DeviceSharing",
     "DeviceSnapshot",
     "Health",
     "HealthCause",
     "Mount",
+    "PoolSharing",
     "PreferredRequest",
     "RequestPolicy",
     "ResourceConfig",

@@ -24,6 +24,7 @@ from cdiplug.sdk import (
     ContainerEdits,
     CounterSet,
     Device,
+    DeviceSharing,
     DeviceSnapshot,
     Finding,
     FolderWatch,
@@ -31,6 +32,7 @@ from cdiplug.sdk import (
     HealthCause,
     InputError,
     NodeChecker,
+    PoolSharing,
     ResourceConfig,
     SizedOptions,
     SnapshotSink,
@@ -183,9 +185,11 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
                     edits=ContainerEdits(env=((f"{prefix}_DEVICE_{i}", f"{cls}-{i}"),)),
                     attributes=model + tuple(opts.attributes.get(f"{cls}-{i}", {}).items()),
                     capacity=capacity,
-                    shared=opts.shared,
-                    capacity_policies=policies,
-                    capacity_env={name: f"{prefix}_{name.upper()}_{i}" for name in opts.capacity} if opts.shared else {},
+                    sharing=DeviceSharing(
+                        shared=opts.shared,
+                        capacity_policies=policies,
+                        capacity_env={name: f"{prefix}_{name.upper()}_{i}" for name in opts.capacity} if opts.shared else {},
+                    ),
                 )
                 for i in range(opts.count)
             )
@@ -230,7 +234,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
             resource=resource.name,
             devices=devices,
             ids_env=f"{env_prefix(resource.name)}_DEVICES",
-            counter_sets=self._counter_sets(resource),
+            sharing=PoolSharing(self._counter_sets(resource)),
         )
 
     def _with_health(self, resource: str, device: Device, health: DeviceHealth) -> Device:

@@ -32,7 +32,7 @@ from typing import Any
 
 from attrs import frozen
 
-from cdiplug.sdk import ContainerEdits, CounterConsumption, CounterSet, Device, RequestPolicy, converter
+from cdiplug.sdk import ContainerEdits, CounterConsumption, CounterSet, Device, DeviceSharing, RequestPolicy, converter
 
 MAX_PARTS = 32  # counters per counter set (resource.k8s.io/v1)
 MAX_VALID_VALUES = 10  # the API's limit
@@ -164,5 +164,6 @@ def partitions_of(whole: Device, partitions: tuple[int, ...], env_key: str) -> l
             ident = whole.id if parts == 1 else f"{whole.id}-{k + 1}of{parts}"
             edits = whole.edits if parts == 1 else ContainerEdits(env={f"{env_key}_{k + 1}OF{parts}": ident})
             attributes = (*whole.attributes, ("whole", whole.id), ("parts", parts))
-            out.append(Device(ident, whole.health, whole.numa_nodes, edits, attributes=attributes, consumes_counters=[used]))
+            sharing = DeviceSharing(consumes_counters=[used])
+            out.append(Device(ident, whole.health, whole.numa_nodes, edits, attributes=attributes, sharing=sharing))
     return out

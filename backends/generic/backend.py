@@ -32,6 +32,7 @@ from cdiplug.sdk import (
     ClaimConfigurable,
     Configured,
     Device,
+    DeviceSharing,
     DeviceSnapshot,
     Health,
     HealthCause,
@@ -117,7 +118,8 @@ class ResourceState:
                 out.append(base)
             elif self.dra:
                 policy = RequestPolicy(default="1", min="1", max=str(count), step="1")
-                out.append(evolve(base, shared=True, capacity={SLOTS: str(count)}, capacity_policies={SLOTS: policy}))
+                sharing = DeviceSharing(shared=True, capacity_policies={SLOTS: policy})
+                out.append(evolve(base, capacity={SLOTS: str(count)}, sharing=sharing))
             else:
                 for k in range(count):
                     self.slot_of[slot_id(device_id, k)] = device_id

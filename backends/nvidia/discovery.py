@@ -35,10 +35,12 @@ from cdiplug.sdk import (
     ContainerEdits,
     Device,
     DeviceNode,
+    DeviceSharing,
     DeviceSnapshot,
     Health,
     HealthCause,
     InputError,
+    PoolSharing,
     RequestPolicy,
     ResourceConfig,
     Version,
@@ -260,9 +262,7 @@ def to_device(gpu: Gpu, health: Health, cause: HealthCause | None = None, shared
         edits=ContainerEdits(device_nodes=(DeviceNode(path=gpu.device_path, permissions="rw"),)),
         attributes={**gpu_attributes(gpu), **dra_attributes(gpu)},
         capacity={"memory": str(gpu.info.memory)},
-        shared=shared,
-        capacity_policies={"memory": SHARED_MEMORY} if shared else {},
-        capacity_env={"memory": shared_memory_env(gpu)} if shared else {},
+        sharing=DeviceSharing(True, {"memory": SHARED_MEMORY}, {"memory": shared_memory_env(gpu)}) if shared else None,
     )
 
 
@@ -310,7 +310,7 @@ def build_mig_snapshot(
         common_edits=common_edits if devices else ContainerEdits(),
         ids_env=IDS_ENV,
         skipped=tuple(skipped),
-        counter_sets=sets,
+        sharing=PoolSharing(sets),
     )
 
 

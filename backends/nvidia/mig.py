@@ -22,7 +22,17 @@ from collections.abc import Iterable
 
 from attrs import frozen
 
-from cdiplug.sdk import ContainerEdits, CounterConsumption, CounterSet, Device, DeviceNode, InputError, World, read_bounded
+from cdiplug.sdk import (
+    ContainerEdits,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceNode,
+    DeviceSharing,
+    InputError,
+    World,
+    read_bounded,
+)
 
 from .nvml import GpuInfo, Nvml, NvmlError
 
@@ -138,5 +148,5 @@ def to_mig_device(gpu: GpuInfo, mig: MigInfo, edits: ContainerEdits, base: Devic
         edits=edits,
         attributes=mig_attributes(gpu, mig),
         capacity={"memory": str(mig.memory)},
-        consumes_counters=[consumption(gpu, mig)],
+        sharing=DeviceSharing(consumes_counters=[consumption(gpu, mig)]),
     )

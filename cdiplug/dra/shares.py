@@ -7,7 +7,7 @@ may then hold the same device. What that changes in a prepare:
 - names: the share's CDI device is ``<claim uid>-<device>-<shareID>`` (:func:`entry_name`), so
   two shares never define one CDI device, within a claim or across claims;
 - the container learns what its share consumed: the backend names an env variable per capacity
-  (``Device.capacity_env``: ``FAKE_GPU_MEMORY_0=30Gi``); two shares of one device in one claim
+  (``DeviceSharing.capacity_env``: ``FAKE_GPU_MEMORY_0=30Gi``); two shares of one device in one claim
   give their amounts comma-joined, in the claim's order (:func:`with_consumed`);
 - the device is prepared once however many shares of it the claim holds (:func:`unique`), and
   stays prepared while any claim holds a share (:func:`cdiplug.dra.rollback.undo` keeps a device
@@ -24,6 +24,7 @@ import attrs
 
 from cdiplug.dra.slices import attribute_name
 from cdiplug.models.devices import ContainerEdits, Device
+from cdiplug.models.sharing import NOT_SHARED
 
 
 def entry_name(device: str, share_id: str | None) -> str:
@@ -38,7 +39,7 @@ def unique(devices: Iterable[Device]) -> list[Device]:
 
 def consumed_env(device: Device, consumed: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Env variable -> amount for what one share consumed (capacities the backend names no variable for: none)."""
-    names = {attribute_name(cap): env for cap, env in device.capacity_env}
+    names = {attribute_name(cap): env for cap, env in (device.sharing or NOT_SHARED).capacity_env}
     return {names[cap]: amount for cap, amount in consumed if cap in names}
 
 

@@ -39,8 +39,9 @@ from typing import Any
 
 from attrs import frozen
 
-from cdiplug.models.devices import UNHEALTHY_CAUSE, AttributeValue, Device, DeviceSnapshot, RequestPolicy, Version
+from cdiplug.models.devices import UNHEALTHY_CAUSE, AttributeValue, Device, DeviceSnapshot, Version
 from cdiplug.models.names import dns_label_for, is_dns_subdomain
+from cdiplug.models.sharing import NOT_SHARED, NOTHING_SHARED, RequestPolicy
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ def request_policy(policy: RequestPolicy) -> dict[str, Any]:
 
 
 def device_capacity(device: Device) -> dict[str, dict[str, Any]]:
-    policies = dict(device.capacity_policies) if device.shared else {}
+    sharing = device.sharing or NOT_SHARED
+    policies = dict(sharing.capacity_policies) if sharing.shared else {}
     out: dict[str, dict[str, Any]] = {}
     for key, quantity in device.capacity:
         name = attribute_name(key)
@@ -176,11 +178,12 @@ def device_body(device: Device) -> dict[str, Any]:
     body: dict[str, Any] = {"name": dns_label_for(device.id), "attributes": attributes}
     if capacity:
         body["capacity"] = capacity
-    if device.shared:
+    sharing = device.sharing or NOT_SHARED
+    if sharing.shared:
         body["allowMultipleAllocations"] = True
-    if device.consumes_counters:
+    if sharing.consumes_counters:
         body["consumesCounters"] = [
-            {"counterSet": c.counter_set, "counters": counters_body(c.counters)} for c in device.consumes_counters
+            {"counterSet": c.counter_set, "counters": counters_body(c.counters)} for c in sharing.consumes_counters
         ]
     taint = device_taint(device)
     if taint is not None:
@@ -212,11 +215,8 @@ def pool_devices(snapshot: DeviceSnapshot | None, policy: UnhealthyPolicy) -> li
 
 def pool_counters(snapshot: DeviceSnapshot | None) -> list[dict[str, Any]]:
     """The counter sets of the pool, sorted by name (empty for a pool without partitions)."""
-    if snapshot is None:
-        return []
-    return sorted(
-        ({"name": c.name, "counters": counters_body(c.counters)} for c in snapshot.counter_sets), key=lambda b: str(b["name"])
-    )
+    sets = (snapshot.sharing or NOTHING_SHARED).counter_sets if snapshot is not None else ()
+    return sorted(({"name": c.name, "counters": counters_body(c.counters)} for c in sets), key=lambda b: str(b["name"]))
 
 
 def split(devices: Sequence[Mapping[str, Any]], counter_sets: Sequence[Mapping[str, Any]] = ()) -> list[SliceSpec]:

@@ -19,6 +19,8 @@ import attrs
 from attrs import field, frozen
 
 from cdiplug.models.names import is_dns_label
+from cdiplug.models.pairs import str_pairs
+from cdiplug.models.sharing import DeviceSharing, PoolSharing, device_sharing, pool_sharing
 
 
 class Health(str, enum.Enum):
@@ -73,13 +75,6 @@ class AllocatePart(str, enum.Enum):
 
 
 DEFAULT_ALLOCATE: frozenset[AllocatePart] = frozenset(AllocatePart) - {AllocatePart.CDI_ANNOTATIONS}
-
-
-def _env_tuple(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    if type(value) is tuple and all(type(p) is tuple and len(p) == 2 and type(p[0]) is str and type(p[1]) is str for p in value):
-        return value  # already what it would become (attrs.evolve, a shared tuple): kept, not copied
-    items = value.items() if isinstance(value, Mapping) else value
-    return tuple((str(k), str(v)) for k, v in items)
 
 
 @frozen
@@ -177,7 +172,7 @@ class Hook:
 class ContainerEdits:
     """What a container needs to use a device: env, device nodes, mounts, hooks, extra groups."""
 
-    env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    env: tuple[tuple[str, str], ...] = field(default=(), converter=str_pairs)
     device_nodes: tuple[DeviceNode, ...] = field(default=(), converter=tuple[DeviceNode, ...])
     mounts: tuple[Mount, ...] = field(default=(), converter=tuple[Mount, ...])
     hooks: tuple[Hook, ...] = field(default=(), converter=tuple[Hook, ...])
@@ -226,46 +221,6 @@ def _unique(items: Iterable[T], key: Callable[[T], Hashable]) -> tuple[T, ...]:
 
 
 @frozen
-class RequestPolicy:
-    """How claims may consume one capacity of a shared device (DRA's ``requestPolicy``, KEP-5075).
-
-    Quantities are Kubernetes quantities as text (``1Gi``). ``default`` is what a claim that asks
-    for none consumes; either ``valid_values`` (ascending; a request is rounded up to the next) or
-    a range (``min``, optional ``max`` and ``step``) limits what a claim may ask. All empty: any
-    amount up to what is left.
-    """
-
-    default: str | None = None
-    valid_values: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
-    min: str | None = None
-    max: str | None = None
-    step: str | None = None
-
-
-def _policy_tuple(
-    value: Mapping[str, RequestPolicy] | Iterable[tuple[str, RequestPolicy]],
-) -> tuple[tuple[str, RequestPolicy], ...]:
-    items = value.items() if isinstance(value, Mapping) else value
-    return tuple((str(k), v) for k, v in items)
-
-
-@frozen
-class CounterConsumption:
-    """What a partition takes from a counter set of its whole device (KEP-4815): counter -> amount."""
-
-    counter_set: str
-    counters: tuple[tuple[str, str], ...] = field(converter=_env_tuple)
-
-
-@frozen
-class CounterSet:
-    """A whole device's shared counters (slices of it, its memory), which its partitions consume."""
-
-    name: str
-    counters: tuple[tuple[str, str], ...] = field(converter=_env_tuple)
-
-
-@frozen
 class Device:
     """One device of a resource as a backend sees it.
 
@@ -278,11 +233,9 @@ class Device:
     amounts as Kubernetes quantities (``memory: 80Gi``), published by DRA as device capacity.
     ``health_cause`` says why (optional; :attr:`cause` falls back to :data:`UNHEALTHY_CAUSE`).
 
-    Sharing and partitions (DRA only): a device with ``shared`` may be allocated to several
-    claims at once, each consuming part of its capacities as ``capacity_policies`` (capacity
-    name -> :class:`RequestPolicy`) allow; ``capacity_env`` (capacity name -> env variable) names
-    the variable through which a container learns what its share consumed. A partition lists the
-    counters it takes from its whole device's :class:`CounterSet` in ``consumes_counters``.
+    ``sharing``: how DRA shares the device between claims (a shared device, a partition:
+    :class:`~cdiplug.models.sharing.DeviceSharing`); None for a device given whole, and always for
+    the device-plugin API, which never reads it.
     """
 
     id: str
@@ -291,12 +244,9 @@ class Device:
     edits: ContainerEdits = ContainerEdits()
     prepare_group: str | None = None
     attributes: tuple[tuple[str, AttributeValue], ...] = field(default=(), converter=_attribute_tuple)
-    capacity: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    capacity: tuple[tuple[str, str], ...] = field(default=(), converter=str_pairs)
     health_cause: HealthCause | None = None
-    shared: bool = False
-    capacity_policies: tuple[tuple[str, RequestPolicy], ...] = field(default=(), converter=_policy_tuple)
-    capacity_env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
-    consumes_counters: tuple[CounterConsumption, ...] = field(default=(), converter=tuple[CounterConsumption, ...])
+    sharing: DeviceSharing | None = field(default=None, converter=device_sharing)
 
     @property
     def healthy(self) -> bool:
@@ -333,17 +283,17 @@ class DeviceSnapshot:
     of the allocated devices. ``skipped`` lists devices the backend found but will not advertise,
     with the reason (shown by ``cdiplug discover``), ``explained`` what each of the resource's
     selectors found (``groups[0].paths[1]``, ``matched /dev/snd/controlC0, ...``; shown there too).
-    ``counter_sets`` are the shared counters of
-    partitionable devices, which partitions among ``devices`` consume (DRA publishes them).
+    ``sharing``: what DRA shares among the devices (the counter sets of partitionable devices:
+    :class:`~cdiplug.models.sharing.PoolSharing`); None for a pool without partitions.
     """
 
     resource: str
     devices: tuple[Device, ...] = field(default=(), converter=_sorted_devices)
     common_edits: ContainerEdits = ContainerEdits()
     ids_env: str | None = None
-    skipped: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple, eq=False)
-    explained: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple, eq=False)
-    counter_sets: tuple[CounterSet, ...] = field(default=(), converter=tuple[CounterSet, ...])
+    skipped: tuple[tuple[str, str], ...] = field(default=(), converter=str_pairs, eq=False)
+    explained: tuple[tuple[str, str], ...] = field(default=(), converter=str_pairs, eq=False)
+    sharing: PoolSharing | None = field(default=None, converter=pool_sharing)
     _index: Mapping[str, Device] = field(init=False, repr=False, eq=False, hash=False)
 
     def __attrs_post_init__(self) -> None:
@@ -398,8 +348,8 @@ class ContainerAllocation:
     """The answer for one container request, before it becomes a ContainerAllocateResponse."""
 
     device_ids: tuple[str, ...] = field(converter=tuple[str, ...])
-    env: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    env: tuple[tuple[str, str], ...] = field(default=(), converter=str_pairs)
     device_specs: tuple[DeviceNode, ...] = field(default=(), converter=tuple[DeviceNode, ...])
     mounts: tuple[Mount, ...] = field(default=(), converter=tuple[Mount, ...])
     cdi_devices: tuple[str, ...] = field(default=(), converter=tuple[str, ...])
-    annotations: tuple[tuple[str, str], ...] = field(default=(), converter=_env_tuple)
+    annotations: tuple[tuple[str, str], ...] = field(default=(), converter=str_pairs)

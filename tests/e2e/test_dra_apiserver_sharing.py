@@ -36,7 +36,8 @@ from cdiplug.dra.claims import AllocatedDevice, ClaimRef, allocated
 from cdiplug.dra.publisher import SlicePublisher
 from cdiplug.kube.client import LightkubeClient
 from cdiplug.kube.credentials import load_kubeconfig
-from cdiplug.models.devices import ContainerEdits, CounterConsumption, CounterSet, Device, DeviceSnapshot, RequestPolicy
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
+from cdiplug.models.sharing import CounterConsumption, CounterSet, DeviceSharing, PoolSharing, RequestPolicy
 from cdiplug.models.world import World
 from cdiplug_backends.fake import FakeBackend
 from cdiplug_backends.nvidia.discovery import assign_migs, build_mig_snapshot, discover
@@ -65,15 +66,21 @@ async def client(apiserver: Path) -> AsyncIterator[LightkubeClient]:
 
 def shared_device(i: int) -> Device:
     policy = RequestPolicy(default="1Gi", min="1Gi", max="80Gi", step="1Gi")
-    return Device(f"gpu-{i}", capacity={"memory": "80Gi"}, shared=True, capacity_policies={"memory": policy})
+    return Device(
+        f"gpu-{i}", capacity={"memory": "80Gi"}, sharing=DeviceSharing(shared=True, capacity_policies={"memory": policy})
+    )
 
 
 def partitions(whole: str) -> tuple[CounterSet, list[Device]]:
     counters = CounterSet(f"{whole}-counters", {f"slice-{k}": "1" for k in range(4)})
-    devices = [Device(whole, consumes_counters=[CounterConsumption(counters.name, dict(counters.counters))])]
+    devices = [
+        Device(whole, sharing=DeviceSharing(consumes_counters=[CounterConsumption(counters.name, dict(counters.counters))]))
+    ]
     for k in range(2):
         used = {f"slice-{2 * k + j}": "1" for j in range(2)}
-        devices.append(Device(f"{whole}-{k + 1}of2", consumes_counters=[CounterConsumption(counters.name, used)]))
+        devices.append(
+            Device(f"{whole}-{k + 1}of2", sharing=DeviceSharing(consumes_counters=[CounterConsumption(counters.name, used)]))
+        )
     return counters, devices
 
 
@@ -86,7 +93,7 @@ async def test_shared_and_partitioned_devices_are_stored_as_published(client: Li
             counters, devices = partitions(f"part-{w}")
             sets.append(counters)
             parts.extend(devices)
-        snapshot = DeviceSnapshot("example.com/gpu", [shared_device(0), shared_device(1), *parts], counter_sets=sets)
+        snapshot = DeviceSnapshot("example.com/gpu", [shared_device(0), shared_device(1), *parts], sharing=PoolSharing(sets))
         publisher.want(snapshot)
         await asyncio.wait_for(publisher.wait_published(1), 30)
         slices, _ = await client.list_slices(DRIVER, "n1")

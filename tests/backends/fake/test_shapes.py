@@ -14,7 +14,8 @@ import pytest
 
 from cdiplug.config import parse_config
 from cdiplug.errors import ConfigError
-from cdiplug.models.devices import Health, RequestPolicy
+from cdiplug.models.devices import Health
+from cdiplug.models.sharing import RequestPolicy
 from cdiplug_backends.fake import FakeBackend
 from cdiplug_backends.fake.claim_config import FakeClaimConfig, Mode
 from cdiplug_backends.fake.shapes import quantity
@@ -33,29 +34,30 @@ def test_a_shared_device_with_a_request_policy(world):
     )
     snap = FakeBackend([r], world).snapshot(r, {})
     d = snap.get("gpu-1")
-    assert d.shared and dict(d.capacity) == {"memory": "80Gi"}
-    assert dict(d.capacity_policies) == {"memory": RequestPolicy(default="1Gi", min="1Gi", step="1Gi")}
-    assert dict(d.capacity_env) == {"memory": "FAKE_GPU_MEMORY_1"}
+    assert d.sharing.shared and dict(d.capacity) == {"memory": "80Gi"}
+    assert dict(d.sharing.capacity_policies) == {"memory": RequestPolicy(default="1Gi", min="1Gi", step="1Gi")}
+    assert dict(d.sharing.capacity_env) == {"memory": "FAKE_GPU_MEMORY_1"}
     plain = resource({"capacity": {"memory": "80Gi"}})
     d = FakeBackend([plain], world).snapshot(plain, {}).get("gpu-0")
-    assert not d.shared and dict(d.capacity) == {"memory": "80Gi"} and d.capacity_policies == () and d.capacity_env == ()
+    assert d.sharing is None and dict(d.capacity) == {"memory": "80Gi"}
 
 
 def test_partitions_consume_exactly_their_slices(world):
     r = resource({"count": 2, "partitions": [1, 2, 4]})
     backend = FakeBackend([r], world)
     snap = backend.snapshot(r, {})
-    assert len(snap.devices) == 2 * 7 and [c.name for c in snap.counter_sets] == ["gpu-0-slices", "gpu-1-slices"]
-    assert dict(snap.counter_sets[0].counters) == {f"slice-{k}": "1" for k in range(4)}
+    sets = snap.sharing.counter_sets
+    assert len(snap.devices) == 2 * 7 and [c.name for c in sets] == ["gpu-0-slices", "gpu-1-slices"]
+    assert dict(sets[0].counters) == {f"slice-{k}": "1" for k in range(4)}
 
     def slices(ident: str) -> set[str]:
-        (used,) = snap.get(ident).consumes_counters
+        (used,) = snap.get(ident).sharing.consumes_counters
         return {name for name, _ in used.counters}
 
     assert slices("gpu-0") == {f"slice-{k}" for k in range(4)}
     assert slices("gpu-0-1of2") == {"slice-0", "slice-1"} and slices("gpu-0-2of2") == {"slice-2", "slice-3"}
     assert [slices(f"gpu-0-{k}of4") for k in range(1, 5)] == [{f"slice-{k}"} for k in range(4)]
-    assert snap.get("gpu-1-2of4").consumes_counters[0].counter_set == "gpu-1-slices"
+    assert snap.get("gpu-1-2of4").sharing.consumes_counters[0].counter_set == "gpu-1-slices"
     half = snap.get("gpu-0-2of2")
     assert (half.attribute("whole"), half.attribute("parts")) == ("gpu-0", 2)
     assert dict(half.edits.env) == {"FAKE_GPU_DEVICE_0_2OF2": "gpu-0-2of2"}
@@ -68,8 +70,8 @@ def test_partitions_consume_exactly_their_slices(world):
 def test_under_the_device_plugin_api_only_whole_devices(world):
     r = resource({"count": 2, "partitions": [1, 2]}, api="device-plugin")
     snap = FakeBackend([r], world).snapshot(r, {})
-    assert snap.ids == ("gpu-0", "gpu-1") and snap.counter_sets == ()
-    assert all(d.consumes_counters == () for d in snap.devices)
+    assert snap.ids == ("gpu-0", "gpu-1") and snap.sharing is None
+    assert all(d.sharing is None for d in snap.devices)
 
 
 @pytest.mark.parametrize(

@@ -163,7 +163,7 @@ async def test_count_is_slots_for_the_device_plugin_and_capacity_for_dra(world: 
         assert sink.latest["example.com/fuse"].ids == ("fuse-slot0", "fuse-slot1", "fuse-slot2")
     async with running(make_backend(world, [fuse], api="dra")) as sink:
         (device,) = sink.latest["example.com/fuse"].devices
-        assert device.shared and dict(device.capacity) == {"slots": "3"}
+        assert device.sharing.shared and dict(device.capacity) == {"slots": "3"}
         dev.remove("/dev/fuse")
         snap = await sink.until("example.com/fuse", lambda s: not s.devices[0].healthy)
         assert snap.devices[0].cause.evict  # the configuration asks for NoExecute

@@ -107,9 +107,9 @@ async def test_every_profile_with_the_gpu_s_counter_set(world: World, nv, sink) 
         snap = sink.latest[ALL]
     assert snap.ids == ("MIG-aaaa-0001", "MIG-aaaa-0003")
     assert "capability" in dict(snap.skipped)["MIG-aaaa-0002"]
-    (counters,) = snap.counter_sets
+    (counters,) = snap.sharing.counter_sets
     assert counters.name == "gpu-0-mig" and dict(counters.counters) == {"slices": "7", "memory": str(80 * 1024**3)}
-    (used,) = snap.get("MIG-aaaa-0003").consumes_counters
+    (used,) = snap.get("MIG-aaaa-0003").sharing.consumes_counters
     assert used.counter_set == "gpu-0-mig" and dict(used.counters) == {"slices": "3", "memory": str(40192 << 20)}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from cdiplug.errors import ConfigError
-from cdiplug.models.devices import RequestPolicy
+from cdiplug.models.sharing import RequestPolicy
 from cdiplug.models.world import World
 from cdiplug_backends.nvidia.testing import FakeNvml
 
@@ -25,9 +25,9 @@ async def test_shared_gpus_carry_their_memory_and_a_request_policy(world: World,
     async with nv.running(nv.backend(res, w), sink):
         snap = sink.latest[GPU]
     gpu = snap.get(fake.gpus[2].uuid)
-    assert gpu.shared and dict(gpu.capacity) == {"memory": str(fake.gpus[2].memory_total)}
-    assert dict(gpu.capacity_policies) == {"memory": RequestPolicy(default="1Gi", min="1Gi", step="1Gi")}
-    assert dict(gpu.capacity_env) == {"memory": "CDIPLUG_GPU_MEMORY_2"}
+    assert gpu.sharing.shared and dict(gpu.capacity) == {"memory": str(fake.gpus[2].memory_total)}
+    assert dict(gpu.sharing.capacity_policies) == {"memory": RequestPolicy(default="1Gi", min="1Gi", step="1Gi")}
+    assert dict(gpu.sharing.capacity_env) == {"memory": "CDIPLUG_GPU_MEMORY_2"}
 
 
 async def test_a_gpu_not_shared_is_given_whole(world: World, nv, sink) -> None:
@@ -35,7 +35,7 @@ async def test_a_gpu_not_shared_is_given_whole(world: World, nv, sink) -> None:
     w = nv.machine(world, fake)
     async with nv.running(nv.backend(nv.resources({"name": GPU, "options": {"reprobe_interval_s": 3600}}), w), sink):
         snap = sink.latest[GPU]
-    assert all(not d.shared and d.capacity_policies == () and d.capacity_env == () for d in snap.devices)
+    assert all(d.sharing is None for d in snap.devices)
 
 
 def test_shared_mig_devices_are_refused(nv) -> None:

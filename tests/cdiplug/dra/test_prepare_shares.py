@@ -29,8 +29,9 @@ from cdiplug.dra.prepare import ClaimPreparer, NodeContext
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest, KubernetesError
 from cdiplug.host import BackendHost
-from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, RequestPolicy
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
 from cdiplug.models.resource import Api, ResourceConfig
+from cdiplug.models.sharing import DeviceSharing, RequestPolicy
 from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import Supervisor
 
@@ -57,9 +58,7 @@ class Recording:
                 f"gpu-{i}",
                 edits=ContainerEdits(env={f"GPU_{i}": "yes"}),
                 capacity={"memory": "80Gi"},
-                shared=True,
-                capacity_policies={"memory": RequestPolicy(default="1Gi")},
-                capacity_env={"memory": f"GPU_MEMORY_{i}"},
+                sharing=DeviceSharing(True, {"memory": RequestPolicy(default="1Gi")}, {"memory": f"GPU_MEMORY_{i}"}),
             )
             for i in range(2)
         ]

@@ -11,15 +11,15 @@ without counter sets is published as before.
 from __future__ import annotations
 
 from cdiplug.dra.slices import UnhealthyPolicy, pool_counters, pool_devices, slice_body, split
-from cdiplug.models.devices import CounterConsumption, CounterSet, Device, DeviceSnapshot, RequestPolicy
+from cdiplug.models.devices import Device, DeviceSnapshot
+from cdiplug.models.sharing import CounterConsumption, CounterSet, DeviceSharing, PoolSharing, RequestPolicy
 
 
 def test_a_shared_device_carries_its_request_policies() -> None:
     ranged = RequestPolicy(default="1Gi", min="1Gi", max="80Gi", step="1Gi")
     steps = RequestPolicy(default="10", valid_values=("10", "50", "100"))
-    device = Device(
-        "gpu-0", capacity={"memory": "80Gi", "cores": "100"}, shared=True, capacity_policies={"memory": ranged, "cores": steps}
-    )
+    sharing = DeviceSharing(shared=True, capacity_policies={"memory": ranged, "cores": steps})
+    device = Device("gpu-0", capacity={"memory": "80Gi", "cores": "100"}, sharing=sharing)
     (body,) = pool_devices(DeviceSnapshot("example.com/gpu", [device]), UnhealthyPolicy.TAINT)
     assert body["allowMultipleAllocations"] is True
     assert body["capacity"] == {
@@ -29,7 +29,9 @@ def test_a_shared_device_carries_its_request_policies() -> None:
         },
         "cores": {"value": "100", "requestPolicy": {"default": "10", "validValues": ["10", "50", "100"]}},
     }
-    plain = Device("gpu-1", capacity={"memory": "80Gi"}, capacity_policies={"memory": ranged})  # not shared
+    plain = Device(
+        "gpu-1", capacity={"memory": "80Gi"}, sharing=DeviceSharing(capacity_policies={"memory": ranged})
+    )  # not shared
     (body,) = pool_devices(DeviceSnapshot("example.com/gpu", [plain]), UnhealthyPolicy.TAINT)
     assert "allowMultipleAllocations" not in body and body["capacity"] == {"memory": {"value": "80Gi"}}
 
@@ -40,9 +42,12 @@ def partitioned(count: int) -> DeviceSnapshot:
         sets.append(CounterSet(f"fpga-{w}-counters", {"slice-0": "1", "slice-1": "1"}))
         for k in range(2):
             devices.append(
-                Device(f"fpga-{w}-{k + 1}of2", consumes_counters=[CounterConsumption(f"fpga-{w}-counters", {f"slice-{k}": "1"})])
+                Device(
+                    f"fpga-{w}-{k + 1}of2",
+                    sharing=DeviceSharing(consumes_counters=[CounterConsumption(f"fpga-{w}-counters", {f"slice-{k}": "1"})]),
+                )
             )
-    return DeviceSnapshot("example.com/fpga", devices, counter_sets=sets)
+    return DeviceSnapshot("example.com/fpga", devices, sharing=PoolSharing(sets))
 
 
 def test_partitions_and_their_counter_sets_go_in_slices_of_their_own() -> None:
