@@ -2,8 +2,10 @@
 
 :class:`KubeClient` is the seam (the DRA front end, the node's own Node and ``cdiplug
 node-capacity`` use it; tests pass fakes or the API-server stand-in). Slices, Nodes and Events
-come and go as lightkube's typed models; patches are patches (JSON); ResourceClaims and
-DeviceClasses are still JSON-shaped dicts, read by the strict claim parser (:mod:`cdiplug.dra.claims`).
+come and go as lightkube's typed models, and so do ResourceClaims and DeviceClasses (what users
+wrote in them is read strictly by :mod:`cdiplug.dra.claims` and :mod:`cdiplug.dra.admission`);
+patches are patches (JSON). An answer that does not decode as its model (a claim with a number
+for a device name) is an error naming the call and the field (``… @ $.status.…``).
 :class:`LightkubeClient` implements it with lightkube's async client (httpx under it; models of
 ``resource.k8s.io/v1`` that follow the Kubernetes releases). lightkube was chosen over
 kubernetes_asyncio because it is small (a fraction of the import time and memory of the fully
@@ -53,6 +55,7 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, Context, User
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.models import core_v1 as core
+from lightkube.models import resource_v1 as resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
@@ -104,7 +107,7 @@ def _retry_after(response: httpx2.Response | None) -> float | None:
 
 
 class KubeClient(Protocol):
-    """What cdiplug asks of the API server: lightkube's models, but claims and classes (JSON-shaped dicts)."""
+    """What cdiplug asks of the API server, as lightkube's models."""
 
     async def list_slices(self, driver: str, node: str) -> tuple[list[ResourceSlice], str]:
         """This node's slices of ``driver`` and the list's resourceVersion."""
@@ -120,11 +123,19 @@ class KubeClient(Protocol):
 
     async def delete_slice(self, name: str) -> None: ...
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+    async def get_claim(self, namespace: str, name: str) -> resource.ResourceClaim:
+        """ResourceClaim ``namespace/name``; a claim with a field of the wrong type is an error naming the claim and the field."""
+        ...
+
+    async def get_device_class(self, name: str) -> resource.DeviceClass:
+        """DeviceClass ``name`` (the admission webhook reads a claim's classes' configuration)."""
+        ...
 
     async def get_node(self, name: str) -> core.Node: ...
 
-    async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+    async def apply_claim_status(
+        self, namespace: str, name: str, body: Mapping[str, Any], manager: str
+    ) -> resource.ResourceClaim:
         """Server-side apply ``body`` to ``resourceclaims/<name>/status`` as field manager ``manager`` (forced)."""
         ...
 
@@ -180,12 +191,6 @@ def slice_object(body: Mapping[str, Any]) -> ResourceSlice:
     return obj
 
 
-def _dict(obj: Any) -> dict[str, Any]:
-    out = obj.to_dict()
-    assert isinstance(out, dict)
-    return out
-
-
 class _OneWatchPerCall(httpx2.AsyncBaseTransport):
     """The client's transport: within one :meth:`LightkubeClient.watch_slices` call, a second watch request is refused."""
 
@@ -237,6 +242,12 @@ def _answer(error: httpx2.HTTPStatusError) -> str:
     return f"{words}: {body}" if body else words
 
 
+def _decode_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> str:
+    """msgspec's ``Expected `str`, got `int` - at `$.a[0].b``` as ``expected str, got int @ $.a[0].b``."""
+    message, at, path = str(exc).rpartition(" - at `")
+    return f"{message.replace('`', '')} @ {path.rstrip('`')}" if at else str(exc)
+
+
 class LightkubeClient:
     """:class:`KubeClient` over lightkube's :class:`AsyncClient`; each call bounded by ``timeout`` seconds."""
 
@@ -277,7 +288,7 @@ class LightkubeClient:
             response = answer.response
             return ApiCallError(what, where, _answer(answer), response.status_code, _retry_after(response))
         if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
-            return ApiCallError(what, where, f"the answer does not decode: {exc}")
+            return ApiCallError(what, where, f"the answer does not decode: {_decode_error(exc)}")
         return ApiCallError(what, where, f"{type(exc).__name__}: {exc}")
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
@@ -337,15 +348,16 @@ class LightkubeClient:
             if exc.status != NOT_FOUND:
                 raise
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> resource.ResourceClaim:
         what = f"cannot read ResourceClaim {namespace}/{name}"
-        return _dict(await self._call(what, self._client.get(ResourceClaim, name, namespace=namespace)))
+        return await self._call(what, self._client.get(ResourceClaim, name, namespace=namespace))
 
-    async def get_device_class(self, name: str) -> dict[str, Any]:
-        """DeviceClass ``name`` (the admission webhook reads a claim's classes' configuration)."""
-        return _dict(await self._call(f"cannot read DeviceClass {name}", self._client.get(DeviceClass, name)))
+    async def get_device_class(self, name: str) -> resource.DeviceClass:
+        return await self._call(f"cannot read DeviceClass {name}", self._client.get(DeviceClass, name))
 
-    async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+    async def apply_claim_status(
+        self, namespace: str, name: str, body: Mapping[str, Any], manager: str
+    ) -> resource.ResourceClaim:
         call = self._client.patch(
             ResourceClaim.Status,
             name,
@@ -355,7 +367,7 @@ class LightkubeClient:
             field_manager=manager,
             force=True,  # a manager of our own owns our entries; force only takes back what is ours
         )
-        return _dict(await self._call(f"cannot write the status of ResourceClaim {namespace}/{name}", call))
+        return await self._call(f"cannot write the status of ResourceClaim {namespace}/{name}", call)
 
     async def get_node(self, name: str) -> core.Node:
         return await self._call(f"cannot read Node {name}", self._client.get(Node, name))

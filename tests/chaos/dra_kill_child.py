@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightkube.resources.resource_v1 import ResourceClaim
+
 from cdiplug.backend import BackendPlugin, load_plugins
 from cdiplug.config import parse_config
 from cdiplug.dra import prepare as prepare_module
@@ -52,13 +54,15 @@ DEVICES = {c.uid: [f"fpga-{i}", f"fpga-{(i + 1) % 4}"] if i == 3 else [f"fpga-{i
 class Claims:
     """The API at the client seam: every claim allocated to its devices; status writes taken."""
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         ref = next(c for c in CLAIMS if c.name == name)
         results = [{"request": "fpga", "driver": DRIVER, "pool": NODE, "device": d} for d in DEVICES[ref.uid]]
-        return {
-            "metadata": {"name": name, "namespace": namespace, "uid": ref.uid},
-            "status": {"allocation": {"devices": {"results": results}}},
-        }
+        return ResourceClaim.from_dict(
+            {
+                "metadata": {"name": name, "namespace": namespace, "uid": ref.uid},
+                "status": {"allocation": {"devices": {"results": results}}},
+            }
+        )
 
     async def apply_claim_status(self, namespace: str, name: str, body: Any, manager: str) -> dict[str, Any]:
         return {}

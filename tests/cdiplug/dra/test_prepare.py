@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 import pytest
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
@@ -98,10 +99,10 @@ class Claims:
         self.claims[("ns", name)] = {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
         return ClaimRef("ns", name, uid)
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         self.reads += 1
         try:
-            return self.claims[(namespace, name)]
+            return ResourceClaim.from_dict(self.claims[(namespace, name)])
         except KeyError:
             raise KubernetesError(f"resourceclaims {name} not found", 404) from None
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 import pytest
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from cdiplug.backend import BackendPlugin, CheckedOptions, ClaimConfigurable, Configured, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimStore, decode
@@ -120,9 +121,9 @@ class Claims:
         self.claims[("ns", name)] = {"metadata": {"uid": uid}, "status": {"allocation": allocation}}
         return ClaimRef("ns", name, uid)
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         try:
-            return self.claims[(namespace, name)]
+            return ResourceClaim.from_dict(self.claims[(namespace, name)])
         except KeyError:
             raise KubernetesError(f"resourceclaims {name} not found", 404) from None
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import pytest
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.checkpoint import ClaimStore
@@ -103,10 +104,10 @@ class Claims:
         self.claims[("ns", name)] = {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": body}}}}
         return ClaimRef("ns", name, uid)
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         self.reads += 1
         try:
-            return self.claims[(namespace, name)]
+            return ResourceClaim.from_dict(self.claims[(namespace, name)])
         except KeyError:
             raise KubernetesError(f"resourceclaims {name} not found", 404) from None
 
