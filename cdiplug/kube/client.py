@@ -32,7 +32,7 @@ wrapping the usual one): within one watch call it refuses a second watch request
 
 Every failure of a call, whatever the client library raises for it (an error status, a
 redirect, an answer without a ``Content-Type`` that lightkube's own error handling trips over,
-an answer that does not decode), becomes one :class:`ApiCallError` naming the call.
+an answer that does not decode), becomes one :class:`ApiCallError` naming the call (:mod:`.failures`).
 
 This module imports lightkube; only the DRA front end, ``node-capacity`` and the node's own
 dealings with its Node (:mod:`.own_node`) import it, each only when it is used.
@@ -53,7 +53,7 @@ from lightkube import AsyncClient
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, Context, User
-from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
+from lightkube.core.exceptions import ConfigError, NotReadyError
 from lightkube.models import core_v1 as core
 from lightkube.models import resource_v1 as resource
 from lightkube.models.meta_v1 import ObjectMeta
@@ -63,12 +63,12 @@ from lightkube.types import PatchType
 
 from cdiplug.errors import KubernetesError
 from cdiplug.kube.credentials import Credentials, find_credentials
+from cdiplug.kube.failures import ApiCallError, call_error
 
 FIELD_MANAGER = "cdiplug"
 DEFAULT_TIMEOUT = 10.0
 WATCH_TIMEOUT = 300  # seconds the server keeps one watch open (timeoutSeconds)
 WATCH_GRACE = 30.0  # seconds more without an event before a watch is given up as silent
-RETRY_AFTER_MAX = 300.0  # a longer Retry-After is not believed
 NOT_FOUND = 404
 CONFLICT = 409
 
@@ -80,30 +80,6 @@ _WATCH_OPENS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
 
 class _WatchEnded(Exception):
     """The server ended the watch and lightkube was about to open it again."""
-
-
-class ApiCallError(KubernetesError):
-    """A call that failed: ``what`` was asked of the server ``where``; ``detail`` is the server's or the transport's word."""
-
-    def __init__(self, what: str, where: str, detail: str, status: int | None = None, retry_after: float | None = None) -> None:
-        super().__init__(f"{what} on {where}: {detail}", status)
-        self.what, self.where, self.detail = what, where, detail
-        self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After), if it did
-
-
-def retry_after(exc: BaseException) -> float | None:
-    """The seconds a failed call's server asked to wait before the next (``Retry-After``); None when it did not."""
-    value = getattr(exc, "retry_after", None)
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _retry_after(response: httpx2.Response | None) -> float | None:
-    header = response.headers.get("retry-after") if response is not None else None
-    try:
-        seconds = float(header) if header else None
-    except ValueError:
-        return None  # an HTTP date: not worth believing
-    return min(max(seconds, 0.0), RETRY_AFTER_MAX) if seconds is not None else None
 
 
 class KubeClient(Protocol):
@@ -216,38 +192,6 @@ def _transport(config: SingleConfig) -> _OneWatchPerCall:
     return _OneWatchPerCall(httpx2.AsyncHTTPTransport(verify=verify, trust_env=False))
 
 
-def _status_error(exc: BaseException) -> httpx2.HTTPStatusError | None:
-    """The error answer behind ``exc`` (itself, or what it was raised while handling)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, httpx2.HTTPStatusError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _answer(error: httpx2.HTTPStatusError) -> str:
-    """An error answer in a few words: ``HTTP 500 Internal Server Error: <body>``, a redirect with its target."""
-    response = error.response
-    words = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
-    location = response.headers.get("location")
-    if response.is_redirect and location:
-        return f"{words} to {location} (redirects are not followed)"
-    try:
-        body = " ".join(response.text.split())[:200]
-    except (httpx2.ResponseNotRead, UnicodeDecodeError):
-        body = ""
-    return f"{words}: {body}" if body else words
-
-
-def _decode_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> str:
-    """msgspec's ``Expected `str`, got `int` - at `$.a[0].b``` as ``expected str, got int @ $.a[0].b``."""
-    message, at, path = str(exc).rpartition(" - at `")
-    return f"{message.replace('`', '')} @ {path.rstrip('`')}" if at else str(exc)
-
-
 class LightkubeClient:
     """:class:`KubeClient` over lightkube's :class:`AsyncClient`; each call bounded by ``timeout`` seconds."""
 
@@ -275,21 +219,7 @@ class LightkubeClient:
             raise KubernetesError(f"cannot use the credentials from {credentials.source}: {exc}") from exc
 
     def _error(self, what: str, exc: BaseException) -> ApiCallError:
-        where = self.credentials.where
-        if isinstance(exc, ApiError):
-            status = exc.status
-            code = int(status.code) if status is not None and status.code is not None else None
-            message = status.message if status is not None and status.message else str(exc)
-            return ApiCallError(what, where, message, code, _retry_after(getattr(exc, "response", None)))
-        if isinstance(exc, TimeoutError):
-            return ApiCallError(what, where, f"no answer within {self.timeout:g} s")
-        answer = _status_error(exc)
-        if answer is not None:
-            response = answer.response
-            return ApiCallError(what, where, _answer(answer), response.status_code, _retry_after(response))
-        if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
-            return ApiCallError(what, where, f"the answer does not decode: {_decode_error(exc)}")
-        return ApiCallError(what, where, f"{type(exc).__name__}: {exc}")
+        return call_error(what, self.credentials.where, exc, self.timeout)
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
