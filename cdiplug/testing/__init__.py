@@ -12,6 +12,9 @@
   caller's event loop until a block ends.
 - :func:`daemon_process` (``cdiplug.testing.process``): a real ``python -m cdiplug serve`` process
   with its JSON log read as it comes.
+- :class:`ClaimsAtSeam`, :class:`RecordingBackend` and :func:`hosted_backend`
+  (``cdiplug.testing.dra_claims``): DRA claim preparation without an API server: the claims at the
+  client seam, a backend recording what it is asked to prepare, and a real host running it.
 - :func:`eventually` (``cdiplug.testing.poll``): poll, with a bound, what has no event to await.
 
 Names are imported on first use, so using one fake does not import the others' dependencies.
@@ -33,6 +36,9 @@ _EXPORTS = {
     "running_daemon": "daemon",
     "daemon_process": "process",
     "eventually": "poll",
+    "ClaimsAtSeam": "dra_claims",
+    "RecordingBackend": "dra_claims",
+    "hosted_backend": "dra_claims",
 }
 
 __all__ = list(_EXPORTS)

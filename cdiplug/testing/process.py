@@ -2,9 +2,10 @@
 
 :func:`daemon_process` starts one (``async with``; killed at the end if it still runs) and yields
 a :class:`DaemonProcess`: its log lines as they come (kept in ``daemon.log`` beside the
-configuration), :meth:`~DaemonProcess.wait_for` a line (woken by each new line, never by a timer),
-:meth:`~DaemonProcess.check_log` (no traceback, every error naming its source), a clean
-:meth:`~DaemonProcess.stop` (SIGTERM) or :meth:`~DaemonProcess.kill`.
+configuration, or in ``log_dir``), :meth:`~DaemonProcess.wait_for` a line (woken by each new line,
+never by a timer), :meth:`~DaemonProcess.check_log` (no traceback, every error naming its source), a clean
+:meth:`~DaemonProcess.stop` (SIGTERM), :meth:`~DaemonProcess.wait` for its own end, or
+:meth:`~DaemonProcess.kill`. Without a configuration (``None``) it serves the built-in default.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from cdiplug.models.world import World
 class DaemonProcess:
     """A real daemon: ``python -m cdiplug serve`` with JSON logs read as they come (and kept in a file)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path, config: Path) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path, config: Path | None) -> None:
         self.proc = proc
         self.log = log
         self.config = config
@@ -54,6 +55,10 @@ class DaemonProcess:
 
     def count(self, text: str) -> int:
         return sum(text in e.get("message", "") for e in self.entries)
+
+    def messages(self) -> str:
+        """Every log line's message so far, one a line."""
+        return "\n".join(e.get("message", "") for e in self.entries)
 
     def reloads(self) -> int:
         """Reloads finished, applied or refused (one outcome line each)."""
@@ -85,10 +90,15 @@ class DaemonProcess:
                 assert any(s in message for s in sources), f"an error naming none of {sources}: {message[:300]}"
                 assert len(message) < 2000, message[:300]
 
-    async def stop(self) -> int:
+    async def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM (unless it has ended), then :meth:`wait`."""
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(self.proc.wait(), 20)
+        return await self.wait(timeout)
+
+    async def wait(self, timeout: float = 20.0) -> int:
+        """Its exit status once it ends by itself (TimeoutError after ``timeout`` s); its log read to the end."""
+        code = await asyncio.wait_for(self.proc.wait(), timeout)
         await self._reader
         return code
 
@@ -99,10 +109,20 @@ class DaemonProcess:
 
 
 @contextlib.asynccontextmanager
-async def daemon_process(world: World, config: Path, *extra: str) -> AsyncIterator[DaemonProcess]:
-    log = config.with_name("daemon.log")
-    args = [sys.executable, "-m", "cdiplug", "serve", "--config", str(config), "--kubelet-dir", str(world.kubelet_dir)]
-    args += ["--cdi-dir", str(world.cdi_dir), "--state-dir", str(world.state_dir), "--log-format", "json", *extra]
+async def daemon_process(
+    world: World, config: Path | None, *extra: str, log_dir: Path | None = None
+) -> AsyncIterator[DaemonProcess]:
+    """``cdiplug serve`` of ``config`` (None: no ``--config``) on ``world``, ``extra`` arguments added.
+
+    Its log is ``daemon.log`` in ``log_dir``, by default the configuration's folder.
+    """
+    folder = log_dir or (config.parent if config is not None else None)
+    if folder is None:
+        raise ValueError("daemon_process needs a log_dir when it is given no configuration")
+    log = folder / "daemon.log"
+    args = [sys.executable, "-m", "cdiplug", "serve", *(["--config", str(config)] if config is not None else [])]
+    args += ["--kubelet-dir", str(world.kubelet_dir), "--cdi-dir", str(world.cdi_dir), "--state-dir", str(world.state_dir)]
+    args += ["--log-format", "json", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
     daemon = DaemonProcess(proc, log, config)

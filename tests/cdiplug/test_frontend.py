@@ -45,7 +45,7 @@ class Echo:
 
     made: list[Echo] = []
 
-    def __init__(self, parts: FrontEndParts[Any]) -> None:
+    def __init__(self, parts: FrontEndParts[Any, Any]) -> None:
         self.host = parts.host
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.devices: dict[str, tuple[str, ...]] = {}
@@ -136,7 +136,7 @@ class EchoApi(FrontEndTypeBase):
     def consumers(self, resource: ResourceConfig[object]) -> str:
         return "echo listeners"
 
-    def create(self, parts: FrontEndParts[Any]) -> Echo:
+    def create(self, parts: FrontEndParts[Any, Any]) -> Echo:
         return Echo(parts)
 
 

@@ -36,10 +36,8 @@ from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer
 from cdiplug.dra.rollback import roll_back_started
-from cdiplug.host import BackendHost
-from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.world import World
-from cdiplug.toolkit.supervisor import Supervisor
+from cdiplug.testing.dra_claims import ClaimsAtSeam, hosted_backend
 
 DRIVER = "fpga.example.com"
 NODE = "node-k"
@@ -49,19 +47,12 @@ CLAIMS = [ClaimRef("default", f"claim-{i}", f"{i:08x}-1111-4222-8333-44444444444
 DEVICES = {c.uid: [f"fpga-{i}", f"fpga-{(i + 1) % 4}"] if i == 3 else [f"fpga-{i}"] for i, c in enumerate(CLAIMS)}
 
 
-class Claims:
+def api() -> ClaimsAtSeam:
     """The API at the client seam: every claim allocated to its devices; status writes taken."""
-
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        ref = next(c for c in CLAIMS if c.name == name)
-        results = [{"request": "fpga", "driver": DRIVER, "pool": NODE, "device": d} for d in DEVICES[ref.uid]]
-        return {
-            "metadata": {"name": name, "namespace": namespace, "uid": ref.uid},
-            "status": {"allocation": {"devices": {"results": results}}},
-        }
-
-    async def apply_claim_status(self, namespace: str, name: str, body: Any, manager: str) -> dict[str, Any]:
-        return {}
+    claims = ClaimsAtSeam(DRIVER, NODE, namespace="default")
+    for ref in CLAIMS:
+        claims.put(ref.uid, [claims.result(d, "fpga") for d in DEVICES[ref.uid]], name=ref.name)
+    return claims
 
 
 def say(line: str) -> None:
@@ -73,27 +64,20 @@ async def run(root: Path, step: str, seed: int) -> None:
     options = {"count": 4, "prepared_dir": str(root / "prepared")}
     config = parse_config({"resources": [{"name": RESOURCE, "backend": "fake", "api": "dra", "options": options}]}, source="kill")
     resource = config.resources[0]
-    supervisor = Supervisor()
-    host = BackendHost(world, supervisor, plugins=PLUGINS)
-    host.create([resource])
-    reported = asyncio.Event()
-    latest: list[DeviceSnapshot] = []
+    async with hosted_backend(world, resource, PLUGINS) as host:
+        store = ClaimStore(world.state_dir)
+        await store.load()
+        await roll_back_started(store, host)
+        claims = api()
+        preparer = ClaimPreparer(resource, NODE, host, store, lambda: claims, pause_after=step)  # type: ignore[arg-type, return-value]
+        preparer.devices_known()
+        snapshot = host.latest(RESOURCE)
+        assert snapshot is not None
+        await preparer.restore(snapshot)
+        await steps(preparer, store, step, seed)
 
-    class Listener:
-        def offer(self, snapshot: DeviceSnapshot) -> None:
-            latest.append(snapshot)
-            reported.set()
 
-    host.attach(RESOURCE, Listener())
-    host.start()
-    await asyncio.wait_for(reported.wait(), 10)
-    store = ClaimStore(world.state_dir)
-    await store.load()
-    await roll_back_started(store, host)
-    claims = Claims()
-    preparer = ClaimPreparer(resource, NODE, host, store, lambda: claims, pause_after=step)  # type: ignore[arg-type, return-value]
-    preparer.devices_known()
-    await preparer.restore(latest[-1])
+async def steps(preparer: ClaimPreparer, store: ClaimStore, step: str, seed: int) -> None:
     say("recovered")
     if step == "none":
         return

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from cdiplug.deviceplugin.settings import list_and_watch_size
 from cdiplug.errors import ConfigError
 from cdiplug.frontend import MAX_SOCKET_PATH
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, daemon_process, eventually
 
 FPGA = "example.com/fpga"
 
@@ -170,31 +168,16 @@ async def test_sighup_during_start_neither_kills_nor_is_lost(world: World, short
     chaos suite, not asserted: it depends on the machine's load.
     """
     path = config_file(short_tmp / "c.yaml", fake(count=2))
-    log = short_tmp / "daemon.log"
-    args = [sys.executable, "-m", "cdiplug", "serve", "--config", str(path), "--kubelet-dir", str(world.kubelet_dir)]
-    args += ["--cdi-dir", str(world.cdi_dir), "--state-dir", str(world.state_dir)]
-    async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        with log.open("wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *args, stdout=out, stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-            )
-        try:
-            for _ in range(2000):  # no event tells us when a handler is installed: look, briefly
-                if catches_sighup(proc.pid) or proc.returncode is not None:
-                    break
-                await asyncio.sleep(0.005)
-            assert catches_sighup(proc.pid), log.read_text()
-            await asyncio.sleep(delay)
-            config_file(path, fake(count=5))  # what the early SIGHUP asks to load
-            for _ in range(5):
-                proc.send_signal(signal.SIGHUP)
-                await asyncio.sleep(0.01)
-            await kubelet.wait_until(lambda: kubelet.allocatable(FPGA) == 5, 20, "the reloaded count")
-            assert proc.returncode is None
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 15) == 0, log.read_text()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    assert "Traceback" not in log.read_text()
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon_process(world, path) as daemon:
+        # no event tells us when a handler is installed: look, briefly
+        await eventually(lambda: catches_sighup(daemon.pid) or daemon.proc.returncode is not None, "a handler", interval=0.005)
+        assert catches_sighup(daemon.pid), daemon.tail()
+        await asyncio.sleep(delay)
+        config_file(path, fake(count=5))  # what the early SIGHUP asks to load
+        for _ in range(5):
+            daemon.proc.send_signal(signal.SIGHUP)
+            await asyncio.sleep(0.01)
+        await kubelet.wait_until(lambda: kubelet.allocatable(FPGA) == 5, 20, "the reloaded count")
+        assert daemon.proc.returncode is None
+        assert await daemon.stop(15) == 0, daemon.tail()
+    assert "Traceback" not in daemon.log.read_text()

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import re
 import signal
 import socket
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +28,7 @@ import yaml
 from cdiplug.daemon import Daemon
 from cdiplug.errors import SocketInUse
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn, eventually
+from cdiplug.testing import KubeletStandIn, daemon_process, eventually
 
 FPGA, NIC, ACC, NEW = "example.com/fpga", "example.com/nic", "example.com/acc", "example.com/new"
 
@@ -151,46 +148,6 @@ async def test_a_live_socket_is_refused_in_process(world: World, short_tmp: Path
 # -- a real process, real signals ----------------------------------------------------------------
 
 
-class Process:
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path) -> None:
-        self.proc = proc
-        self.log = log
-
-    def lines(self) -> list[dict[str, str]]:
-        out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
-        return out
-
-    def messages(self) -> str:
-        return "\n".join(e.get("message", "") for e in self.lines())
-
-    async def wait_log(self, text: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.messages():
-            if self.proc.returncode is not None or time.monotonic() > deadline:
-                raise AssertionError(f"no log line with {text!r}; log:\n{self.log.read_text()}")
-            await asyncio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def serve_process(config: Path | None, world: World, short_tmp: Path, *extra: str) -> AsyncIterator[Process]:
-    log = short_tmp / "daemon.log"
-    args = [sys.executable, "-m", "cdiplug", "serve", "--kubelet-dir", str(world.kubelet_dir), "--cdi-dir", str(world.cdi_dir)]
-    args += ["--state-dir", str(world.state_dir), "--log-format", "json", *extra]
-    if config is not None:
-        args += ["--config", str(config)]
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(*args, stdout=out, stderr=out, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        yield Process(proc, log)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
 def http_get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -202,65 +159,60 @@ def http_get(url: str) -> tuple[int, str]:
 async def test_sigterm_stops_cleanly_with_status_0(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp / "config.yaml", {FPGA: 2, NIC: 1})
     metrics = ("--metrics-address", "127.0.0.1:0")
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, serve_process(config, world, short_tmp, *metrics) as daemon_process:
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon_process(world, config, *metrics) as daemon:
         for name in (FPGA, NIC):
             await kubelet.wait_registered(name, timeout=15)
         # The metrics endpoint runs and knows both resources are registered.
-        await daemon_process.wait_log("serving /metrics")
-        url = re.search(r"http://\S+", daemon_process.messages()).group(0)  # type: ignore[union-attr]
-        deadline = time.monotonic() + 5
-        while (await asyncio.to_thread(http_get, url + "/readyz"))[0] != 200:  # nothing to wait on but time
-            assert time.monotonic() < deadline, "/readyz never answered 200"
-            await asyncio.sleep(0.02)
+        await daemon.wait_for("serving /metrics")
+        url = re.search(r"http://\S+", daemon.messages()).group(0)  # type: ignore[union-attr]
+        await eventually(lambda: http_get(url + "/readyz")[0] == 200, "/readyz to answer 200", timeout=5, in_thread=True)
         status, text = await asyncio.to_thread(http_get, url + "/metrics")
         assert status == 200 and f'cdiplug_devices{{health="healthy",resource="{FPGA}"}} 2.0' in text
-        daemon_process.proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(daemon_process.proc.wait(), 10) == 0
+        assert await daemon.stop(10) == 0
         assert sorted(p.name for p in world.kubelet_dir.iterdir()) == ["kubelet.sock"]  # ours removed
-        assert "stopped cleanly" in daemon_process.messages()
+        assert "stopped cleanly" in daemon.messages()
         # The kubelet saw the streams end: the devices are no longer allocatable.
         await kubelet.wait_until(lambda: kubelet.allocatable(FPGA) == 0, 5, "FPGA streams ended")
 
 
 async def test_sigint_stops_cleanly_too(world: World, short_tmp: Path) -> None:
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, serve_process(None, world, short_tmp) as daemon_process:
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon_process(world, None, log_dir=short_tmp) as daemon:
         await kubelet.wait_registered(FPGA, timeout=15)  # the built-in default
-        daemon_process.proc.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(daemon_process.proc.wait(), 10) == 0
+        daemon.proc.send_signal(signal.SIGINT)
+        assert await daemon.wait(10) == 0
         assert not sock(world, FPGA).exists()
 
 
 async def test_sighup_reloads_and_keeps_a_bad_config_out(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp / "config.yaml", {FPGA: 2, NIC: 1})
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, serve_process(config, world, short_tmp) as daemon_process:
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon_process(world, config) as daemon:
         for name in (FPGA, NIC):
             await kubelet.wait_registered(name, timeout=15)
         fpga_registration = kubelet.registration(FPGA)
 
         write_config(config, {FPGA: 2, NIC: 3, NEW: 5})  # FPGA unchanged, NIC changed, NEW added
-        daemon_process.proc.send_signal(signal.SIGHUP)
+        daemon.proc.send_signal(signal.SIGHUP)
         await kubelet.wait_registered(NEW, timeout=10)
         await kubelet.wait_until(lambda: kubelet.capacity(NIC) == 3 and kubelet.capacity(NEW) == 5, 10, "reloaded")
         assert kubelet.registration(FPGA) is fpga_registration  # untouched, stream kept
         assert registrations(kubelet, NIC) == 1  # changed in place, no second Register
 
         write_config(config, {NEW: 5})  # FPGA and NIC removed
-        daemon_process.proc.send_signal(signal.SIGHUP)
+        daemon.proc.send_signal(signal.SIGHUP)
         await kubelet.wait_until(lambda: not sock(world, FPGA).exists() and not sock(world, NIC).exists(), 10, "removed")
         await kubelet.wait_until(lambda: kubelet.allocatable(FPGA) == 0 and kubelet.allocatable(NIC) == 0, 10, "streams ended")
         assert kubelet.allocatable(NEW) == 5
 
         config.write_text("resources:\n  - name: example.com/new\n    backend: fake\n    options: {count: many}\n")
-        daemon_process.proc.send_signal(signal.SIGHUP)
-        await daemon_process.wait_log("configuration not reloaded")
-        [error] = [e for e in daemon_process.lines() if "configuration not reloaded" in e["message"]]
+        daemon.proc.send_signal(signal.SIGHUP)
+        await daemon.wait_for("configuration not reloaded")
+        [error] = [e for e in daemon.entries if "configuration not reloaded" in e["message"]]
         assert error["level"] == "ERROR"
         assert "$.resources[0].options.count" in error["message"] and str(config) in error["message"]
-        assert daemon_process.proc.returncode is None
+        assert daemon.proc.returncode is None
         assert kubelet.allocatable(NEW) == 5 and registrations(kubelet, NEW) == 1  # the old one runs on
 
-        daemon_process.proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(daemon_process.proc.wait(), 10) == 0
+        assert await daemon.stop(10) == 0
         assert sorted(p.name for p in world.kubelet_dir.iterdir()) == ["kubelet.sock"]
 
 
@@ -269,9 +221,9 @@ async def test_a_live_socket_exits_1_with_the_reason(world: World, short_tmp: Pa
     live.bind(str(sock(world, FPGA)))
     live.listen()
     try:
-        async with serve_process(None, world, short_tmp) as daemon_process:
-            assert await asyncio.wait_for(daemon_process.proc.wait(), 15) == 1
-            assert "another process is serving on " + str(sock(world, FPGA)) in daemon_process.messages()
+        async with daemon_process(world, None, log_dir=short_tmp) as daemon:
+            assert await daemon.wait(15) == 1
+            assert "another process is serving on " + str(sock(world, FPGA)) in daemon.messages()
     finally:
         live.close()
 
@@ -279,8 +231,8 @@ async def test_a_live_socket_exits_1_with_the_reason(world: World, short_tmp: Pa
 async def test_a_bad_config_exits_2_naming_field_and_file(world: World, short_tmp: Path) -> None:
     config = short_tmp / "bad.yaml"
     config.write_text("resources:\n  - name: example.com/fpga\n    backend: fake\n    options: {count: -1}\n")
-    async with serve_process(config, world, short_tmp) as daemon_process:
-        assert await asyncio.wait_for(daemon_process.proc.wait(), 15) == 2
-        text = daemon_process.log.read_text()
+    async with daemon_process(world, config) as daemon:
+        assert await daemon.wait(15) == 2
+        text = daemon.log.read_text()
         assert "$.resources[0].options.count" in text and str(config) in text
         assert not any(world.kubelet_dir.iterdir())

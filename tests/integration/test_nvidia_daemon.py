@@ -15,9 +15,6 @@ import asyncio
 import contextlib
 import ctypes.util
 import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +27,7 @@ from cdiplug.backend import BackendPlugin, load_plugins
 from cdiplug.config import Config, parse_config
 from cdiplug.errors import BackendInitError
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn, running_daemon
+from cdiplug.testing import KubeletStandIn, daemon_process, running_daemon
 from cdiplug_backends.nvidia import make_plugin
 from cdiplug_backends.nvidia.testing import FakeNvml
 from cdiplug_backends.nvidia.testing import nvml as fake_module
@@ -194,43 +191,30 @@ def write_config(folder: Path, **gpu_options: object) -> Path:
     return path
 
 
-def serve_args(world: World, config: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "cdiplug", "serve", "--config", str(config),
-        "--kubelet-dir", str(world.kubelet_dir), "--cdi-dir", str(world.cdi_dir), "--state-dir", str(world.state_dir),
-        "--sysfs-root", str(world.sysfs_root), "--dev-root", str(world.dev_root),
-    ]  # fmt: skip
+def roots(world: World) -> tuple[str, ...]:
+    return ("--sysfs-root", str(world.sysfs_root), "--dev-root", str(world.dev_root))
 
 
 @NO_DRIVER
 async def test_cdiplug_serve_on_a_node_without_a_driver(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp)
-    async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        proc = await asyncio.create_subprocess_exec(*serve_args(world, config), stderr=asyncio.subprocess.PIPE)
-        try:
-            await kubelet.wait_registered(FPGA, timeout=20)
-            await kubelet.wait_until(lambda: kubelet.capacity(FPGA) == 2, timeout=5, what="the FPGAs listed")
-            assert not kubelet.is_registered(GPU) and kubelet.capacity(GPU) == 0  # the log below says it waits
-            assert (await kubelet.admit_pod("fpga", {FPGA: 1})).admitted
-        finally:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-            _, stderr = await asyncio.wait_for(proc.communicate(), 20)
-    text = stderr.decode()
-    assert proc.returncode == 0, text
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, daemon_process(world, config, *roots(world)) as daemon:
+        await kubelet.wait_registered(FPGA, timeout=20)
+        await kubelet.wait_until(lambda: kubelet.capacity(FPGA) == 2, timeout=5, what="the FPGAs listed")
+        assert not kubelet.is_registered(GPU) and kubelet.capacity(GPU) == 0  # the log below says it waits
+        assert (await kubelet.admit_pod("fpga", {FPGA: 1})).admitted
+        assert await daemon.stop() == 0, daemon.tail()
+    text = daemon.messages()
     assert "NVML is not available" in text and f"resource {GPU} advertises no GPUs" in text
     assert f"{GPU}: no devices found; registering it once one appears" in text
-    assert "Traceback" not in text
+    assert "Traceback" not in daemon.log.read_text()
 
 
 @NO_DRIVER
 async def test_cdiplug_serve_with_fail_on_init_error_exits_2(world: World, short_tmp: Path) -> None:
     config = write_config(short_tmp, fail_on_init_error=True)
-    proc = await asyncio.create_subprocess_exec(
-        *serve_args(world, config), stderr=asyncio.subprocess.PIPE, env={**os.environ, "CDIPLUG_LOG_FORMAT": "text"}
-    )
-    _, stderr = await asyncio.wait_for(proc.communicate(), 30)
-    text = stderr.decode()
-    assert proc.returncode == 2, text
+    async with daemon_process(world, config, *roots(world)) as daemon:
+        assert await daemon.wait(30) == 2, daemon.tail()
+    text = daemon.messages()
     assert "NVML is not available" in text and "fail_on_init_error" in text
-    assert "Traceback" not in text
+    assert "Traceback" not in daemon.log.read_text()

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin, SnapshotSink
+from cdiplug.backend import BackendPlugin
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.instances import InstanceLock
@@ -38,9 +38,10 @@ from cdiplug.dra.rollback import roll_back_started
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import DeviceUnavailable, KubernetesError, PreparationError
 from cdiplug.host import BackendHost
-from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
+from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
 from cdiplug.toolkit.supervisor import Supervisor
 
 RESOURCE = "example.com/nic"
@@ -52,77 +53,25 @@ class Options:
     pass
 
 
-class Recording:
-    prepared: list[list[str]]
-    released: list[list[str]]
-
-    def __init__(self, resources: Sequence[ResourceConfig[Options]], world: World) -> None:
-        self.prepared, self.released = [], []
-        self.hook: Any = None  # awaited inside prepare, after the "side effect" is recorded
-        Recording.last = self
-
-    async def run(self, sink: SnapshotSink) -> None:
+class Recording(RecordingBackend):
+    def snapshot(self) -> DeviceSnapshot:
         devices = [Device(f"nic-{i}", edits=ContainerEdits(env={"NIC": str(i)}), prepare_group=f"g{i}") for i in range(3)]
-        sink.publish(DeviceSnapshot(RESOURCE, devices, ids_env="NIC_IDS"))
-
-    async def prepare(self, resource: str, devices: Sequence[Device]) -> Sequence[Device]:
-        self.prepared.append([d.id for d in devices])
-        if self.hook is not None:
-            await self.hook(devices)
-        return [attrs.evolve(d, edits=d.edits.merge(ContainerEdits(device_nodes=[DeviceNode(f"/dev/{d.id}")]))) for d in devices]
-
-    def release_interval(self, resource: str) -> float | None:
-        return None
-
-    async def releasable(self, resource: str) -> Sequence[str]:
-        return []
-
-    async def unprepare(self, resource: str, device_ids: Sequence[str]) -> None:
-        self.released.append(list(device_ids))
+        return DeviceSnapshot(RESOURCE, devices, ids_env="NIC_IDS")
 
 
 PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
 RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
 
 
-class Claims:
-    """The client seam: ResourceClaims by (namespace, name)."""
-
+class Claims(ClaimsAtSeam):
     def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.reads = 0
-
-    def add(self, uid: str, devices: list[str]) -> ClaimRef:
-        name = f"c-{uid[:4]}"
-        results = [{"request": "nic", "driver": DRIVER, "pool": "n1", "device": d} for d in devices]
-        self.claims[("ns", name)] = {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
-        return ClaimRef("ns", name, uid)
-
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        self.reads += 1
-        try:
-            return self.claims[(namespace, name)]
-        except KeyError:
-            raise KubernetesError(f"resourceclaims {name} not found", 404) from None
+        super().__init__(DRIVER, "n1")
 
 
 @pytest.fixture
 async def host(world: World) -> AsyncIterator[BackendHost]:
-    supervisor = Supervisor()
-    host = BackendHost(world, supervisor, plugins={"rec": PLUGIN})
-    host.create([RC])
-    reported = asyncio.Event()
-
-    class Listener:
-        def offer(self, snapshot: DeviceSnapshot) -> None:
-            reported.set()
-
-    host.attach(RESOURCE, Listener())
-    host.start()
-    await asyncio.wait_for(reported.wait(), 5)
-    yield host
-    await host.stop()
-    await supervisor.close()
+    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
+        yield host
 
 
 class Observed:

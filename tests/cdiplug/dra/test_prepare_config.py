@@ -16,25 +16,23 @@ the new fields (an earlier cdiplug) loads as plain preparations.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin, CheckedOptions, ClaimConfigurable, Configured, SnapshotSink
+from cdiplug.backend import BackendPlugin, CheckedOptions, ClaimConfigurable, Configured
 from cdiplug.dra.checkpoint import ClaimStore, decode
-from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer
 from cdiplug.dra.settings import DraSettings
-from cdiplug.errors import InvalidRequest, KubernetesError
+from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.toolkit.supervisor import Supervisor
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
 
 RESOURCE = "example.com/nic"
 DRIVER = "nic.example.com"
@@ -58,31 +56,11 @@ class RecConfig(CheckedOptions):
             yield "tag", "at most 8 characters"
 
 
-class Recording(ClaimConfigurable[RecConfig]):
-    last: Recording
-
-    def __init__(self, resources: Sequence[ResourceConfig[Options]], world: World) -> None:
-        self.prepared: list[list[str]] = []
-        self.released: list[list[str]] = []
-        Recording.last = self
-
-    async def run(self, sink: SnapshotSink) -> None:
+class Recording(RecordingBackend, ClaimConfigurable[RecConfig]):
+    def snapshot(self) -> DeviceSnapshot:
         devices = [Device(f"nic-{i}", edits=ContainerEdits(env={"NIC": str(i)}), prepare_group=f"g{i}") for i in range(3)]
         common = ContainerEdits(device_nodes=[DeviceNode("/dev/nic-ctl")])
-        sink.publish(DeviceSnapshot(RESOURCE, devices, common_edits=common, ids_env="NIC_IDS"))
-
-    async def prepare(self, resource: str, devices: Sequence[Device]) -> Sequence[Device]:
-        self.prepared.append([d.id for d in devices])
-        return [attrs.evolve(d, edits=d.edits.merge(ContainerEdits(device_nodes=[DeviceNode(f"/dev/{d.id}")]))) for d in devices]
-
-    def release_interval(self, resource: str) -> float | None:
-        return None
-
-    async def releasable(self, resource: str) -> Sequence[str]:
-        return []
-
-    async def unprepare(self, resource: str, device_ids: Sequence[str]) -> None:
-        self.released.append(list(device_ids))
+        return DeviceSnapshot(RESOURCE, devices, common_edits=common, ids_env="NIC_IDS")
 
     def claim_config_type(self, resource: str) -> type[RecConfig]:
         return RecConfig
@@ -106,47 +84,15 @@ def params(**fields: Any) -> dict[str, Any]:
     return {"apiVersion": "cdiplug.dev/v1alpha1", "kind": "RecConfig", **fields}
 
 
-class Claims:
-    """The client seam: ResourceClaims by (namespace, name)."""
-
+class Claims(ClaimsAtSeam):
     def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def add(self, uid: str, devices: list[str], config: dict[str, Any] | None = None, admin: bool = False) -> ClaimRef:
-        name = f"c-{uid[:4]}"
-        results = [{"request": "nic", "driver": DRIVER, "pool": "n1", "device": d, "adminAccess": admin} for d in devices]
-        configs = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": config}}] if config is not None else []
-        allocation = {"devices": {"results": results, "config": configs}}
-        self.claims[("ns", name)] = {"metadata": {"uid": uid}, "status": {"allocation": allocation}}
-        return ClaimRef("ns", name, uid)
-
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            return self.claims[(namespace, name)]
-        except KeyError:
-            raise KubernetesError(f"resourceclaims {name} not found", 404) from None
-
-    async def apply_claim_status(self, namespace: str, name: str, body: Any, manager: str) -> dict[str, Any]:
-        return {}
+        super().__init__(DRIVER, "n1")
 
 
 @pytest.fixture
 async def host(world: World) -> AsyncIterator[BackendHost]:
-    supervisor = Supervisor()
-    host = BackendHost(world, supervisor, plugins={"rec": PLUGIN})
-    host.create([RC])
-    reported = asyncio.Event()
-
-    class Listener:
-        def offer(self, snapshot: DeviceSnapshot) -> None:
-            reported.set()
-
-    host.attach(RESOURCE, Listener())
-    host.start()
-    await asyncio.wait_for(reported.wait(), 5)
-    yield host
-    await host.stop()
-    await supervisor.close()
+    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
+        yield host
 
 
 async def setup(host: BackendHost, world: World, boot_id: str | None = None) -> tuple[ClaimPreparer, Claims, ClaimStore]:

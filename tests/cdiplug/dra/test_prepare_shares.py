@@ -16,23 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin, SnapshotSink
+from cdiplug.backend import BackendPlugin
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer
 from cdiplug.dra.settings import DraSettings
-from cdiplug.errors import InvalidRequest, KubernetesError
+from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, RequestPolicy
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.toolkit.supervisor import Supervisor
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
 
 RESOURCE = "example.com/gpu"
 DRIVER = "gpu.example.com"
@@ -45,13 +45,8 @@ class Options:
     pass
 
 
-class Recording:
-    def __init__(self, resources: Sequence[ResourceConfig[Options]], world: World) -> None:
-        self.prepared: list[list[str]] = []
-        self.released: list[list[str]] = []
-        Recording.last = self
-
-    async def run(self, sink: SnapshotSink) -> None:
+class Recording(RecordingBackend):
+    def snapshot(self) -> DeviceSnapshot:
         devices = [
             Device(
                 f"gpu-{i}",
@@ -63,75 +58,35 @@ class Recording:
             )
             for i in range(2)
         ]
-        sink.publish(DeviceSnapshot(RESOURCE, devices, ids_env="GPU_IDS"))
+        return DeviceSnapshot(RESOURCE, devices, ids_env="GPU_IDS")
 
-    async def prepare(self, resource: str, devices: Sequence[Device]) -> Sequence[Device]:
-        self.prepared.append([d.id for d in devices])
-        return devices
-
-    def release_interval(self, resource: str) -> float | None:
-        return None
-
-    async def releasable(self, resource: str) -> Sequence[str]:
-        return []
-
-    async def unprepare(self, resource: str, device_ids: Sequence[str]) -> None:
-        self.released.append(list(device_ids))
+    def prepared_device(self, device: Device) -> Device:
+        return device
 
 
 PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
 RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
 
 
-class Claims:
-    """The client seam: ResourceClaims by (namespace, name), and the status written."""
-
+class Claims(ClaimsAtSeam):
     def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.reads = 0
-        self.statuses: list[list[dict[str, Any]]] = []
+        super().__init__(DRIVER, "n1")
 
     def add(self, uid: str, results: list[tuple[str, str | None, str]]) -> ClaimRef:
         """results: (device, share ID, memory consumed)."""
-        name = f"c-{uid[:4]}"
-        body = []
-        for i, (device, share, memory) in enumerate(results):
-            r: dict[str, Any] = {"request": f"r{i}", "driver": DRIVER, "pool": "n1", "device": device}
-            if share is not None:
-                r |= {"shareID": share, "consumedCapacity": {"memory": memory}}
-            body.append(r)
-        self.claims[("ns", name)] = {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": body}}}}
-        return ClaimRef("ns", name, uid)
-
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        self.reads += 1
-        try:
-            return self.claims[(namespace, name)]
-        except KeyError:
-            raise KubernetesError(f"resourceclaims {name} not found", 404) from None
-
-    async def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any], manager: str) -> dict[str, Any]:
-        self.statuses.append(list(body.get("status", {}).get("devices") or []))
-        return body
+        return self.put(
+            uid,
+            [
+                self.result(device, f"r{i}", share=share, consumed=None if share is None else {"memory": memory})
+                for i, (device, share, memory) in enumerate(results)
+            ],
+        )
 
 
 @pytest.fixture
 async def host(world: World) -> AsyncIterator[BackendHost]:
-    supervisor = Supervisor()
-    host = BackendHost(world, supervisor, plugins={"rec": PLUGIN})
-    host.create([RC])
-    reported = asyncio.Event()
-
-    class Listener:
-        def offer(self, snapshot: DeviceSnapshot) -> None:
-            reported.set()
-
-    host.attach(RESOURCE, Listener())
-    host.start()
-    await asyncio.wait_for(reported.wait(), 5)
-    yield host
-    await host.stop()
-    await supervisor.close()
+    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
+        yield host
 
 
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore) -> ClaimPreparer:
