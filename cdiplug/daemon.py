@@ -168,9 +168,7 @@ class Daemon:
                     # What start-up made (modules, classes, configuration) lives as long as the
                     # daemon: keep it out of the garbage collector's full passes, which would
                     # otherwise walk all of it again and again while Allocates wait.
-                    gc.collect()
                     gc.freeze()
-                    gc.enable()  # off since ``cdiplug serve`` began (cdiplug.__main__)
                     self.started.set()
                     self.supervisor.spawn("reloader", self._reloader())
                     await self._wait_for_stop()
