@@ -90,10 +90,8 @@ POD_A = "aaaaaaaa-1111-4000-8000-000000000001"
 POD_B = "bbbbbbbb-1111-4000-8000-000000000002"
 
 
-async def test_prepare_release_and_restart(host: BackendHost, world: World) -> None:
+async def test_prepare_release_and_restart(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = preparer(host, world, claims, store)
     backend: Recording = Recording.last
     a = claims.add(UID_A, ["nic-0", "nic-1"])
@@ -138,10 +136,10 @@ def on_disk(world: World) -> dict[str, Any]:
     return json.loads((world.state_dir / "dra-claims.json").read_text())["claims"]
 
 
-async def test_prepare_started_is_on_disk_before_the_backend_is_called(host: BackendHost, world: World) -> None:
+async def test_prepare_started_is_on_disk_before_the_backend_is_called(
+    host: BackendHost, world: World, store: ClaimStore
+) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     observed = Observed()
     prep = preparer(host, world, claims, store, observed)
     backend: Recording = Recording.last
@@ -165,10 +163,8 @@ async def test_prepare_started_is_on_disk_before_the_backend_is_called(host: Bac
     assert observed.prepared_now == [1, 2, 2, 1]
 
 
-async def test_a_failed_preparation_is_rolled_back(host: BackendHost, world: World) -> None:
+async def test_a_failed_preparation_is_rolled_back(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     observed = Observed()
     prep = preparer(host, world, claims, store, observed)
     backend: Recording = Recording.last
@@ -210,10 +206,8 @@ async def left_started(host: BackendHost, world: World, claims: Claims, store: C
     return ref
 
 
-async def test_unprepare_releases_a_claim_left_started(host: BackendHost, world: World) -> None:
+async def test_unprepare_releases_a_claim_left_started(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     ref = await left_started(host, world, claims, store)
     restarted = ClaimStore(world.state_dir)
     await restarted.load()
@@ -221,20 +215,18 @@ async def test_unprepare_releases_a_claim_left_started(host: BackendHost, world:
     assert Recording.last.released == [["nic-0"]] and restarted.all() == [] and on_disk(world) == {}
 
 
-async def test_a_repeated_prepare_of_a_started_claim_prepares_it_afresh(host: BackendHost, world: World) -> None:
+async def test_a_repeated_prepare_of_a_started_claim_prepares_it_afresh(
+    host: BackendHost, world: World, store: ClaimStore
+) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     ref = await left_started(host, world, claims, store)
     done = await preparer(host, world, claims, store).prepare(ref)
     assert done.completed and (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").exists()
     assert on_disk(world)[UID_A]["state"] == "PrepareCompleted"
 
 
-async def test_at_start_a_claim_left_started_is_rolled_back(host: BackendHost, world: World) -> None:
+async def test_at_start_a_claim_left_started_is_rolled_back(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     await left_started(host, world, claims, store)
     done_b = await preparer(host, world, claims, store).prepare(claims.add(UID_B, ["nic-1"]))
     (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").write_text("{}")  # as if the spec had been written
@@ -290,10 +282,8 @@ def spec_of(world: World, uid: str) -> Any:
     return json.loads((world.cdi_dir / f"cdiplug-claim-{uid}.json").read_text())
 
 
-async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: BackendHost, world: World) -> None:
+async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, boot_id="boot-1")  # type: ignore[arg-type, return-value]
     a = claims.add(UID_A, ["nic-0"])
     await prep.prepare(a)
@@ -314,10 +304,8 @@ async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: Back
     assert await prep2.restore(snapshot) == 0  # once
 
 
-async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost, world: World) -> None:
+async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = ClaimPreparer(RC, "n1", host, store, lambda: claims, boot_id="boot-1")  # type: ignore[arg-type, return-value]
     backend: Recording = Recording.last
     a, b = claims.add(UID_A, ["nic-0"]), claims.add(UID_B, ["nic-1"])

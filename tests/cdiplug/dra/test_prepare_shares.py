@@ -85,10 +85,10 @@ def env_of(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"]) for d in spec["devices"]}
 
 
-async def test_shares_of_one_device_are_named_apart_and_told_what_they_consumed(host: BackendHost, world: World) -> None:
+async def test_shares_of_one_device_are_named_apart_and_told_what_they_consumed(
+    host: BackendHost, world: World, store: ClaimStore
+) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = preparer(host, world, claims, store)
     backend: Recording = Recording.last
     a = claims.add(UID_A, [("gpu-0", "s1a2b", "30Gi")])
