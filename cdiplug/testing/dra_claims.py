@@ -21,10 +21,11 @@ from lightkube.models.resource_v1 import ResourceClaim
 
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.claims import ClaimRef
+from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import KubernetesError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
-from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import Supervisor
 
@@ -89,14 +90,28 @@ class ClaimsAtSeam:
         return msgspec.convert(body, ResourceClaim)
 
 
+@attrs.frozen
+class NoOptions:
+    """The options of a :class:`RecordingBackend`: none."""
+
+
 class RecordingBackend:
     """A backend publishing :meth:`snapshot` and recording what the host prepares and releases.
 
     A preparation adds a device node ``/dev/<id>`` to each device (as a VFIO bind adds its node);
     subclasses say otherwise in :meth:`prepared_device`. The last one made is ``type(self).last``.
+    :meth:`plugin` is the subclass as the plugin ``rec``, :meth:`dra_resource` a DRA resource of it.
     """
 
     last: ClassVar[Any]
+
+    @classmethod
+    def plugin(cls) -> BackendPlugin[NoOptions]:
+        return BackendPlugin(name="rec", options_type=NoOptions, create=cls)
+
+    @staticmethod
+    def dra_resource(name: str, driver: str) -> ResourceConfig[NoOptions]:
+        return ResourceConfig(name, "rec", NoOptions(), api=Api.DRA, settings=DraSettings(dra_driver=driver))
 
     def __init__(self, resources: Sequence[ResourceConfig[Any]], world: World) -> None:
         self.resources = resources

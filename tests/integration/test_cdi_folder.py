@@ -23,7 +23,7 @@ import yaml
 
 from cdiplug.daemon import Daemon
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, started_daemon
 from cdiplug.toolkit.filewatch import FolderWatch
 
 FPGA = "example.com/fpga"
@@ -35,16 +35,9 @@ DEADLINE = 5.0  # generous for a loaded CI machine; the repair itself takes mill
 async def serving(world: World, short_tmp: Path) -> AsyncIterator[tuple[Daemon, KubeletStandIn]]:
     config = short_tmp / "config.yaml"
     config.write_text(yaml.safe_dump({"resources": [{"name": FPGA, "backend": "fake", "options": {"count": 2}}]}))
-    async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        d = Daemon(config, world)
-        task = asyncio.create_task(d.run(handle_signals=False), name="daemon under test")
-        try:
-            await asyncio.wait_for(d.started.wait(), 10)
-            await kubelet.wait_registered(FPGA)
-            yield d, kubelet
-        finally:
-            d.request_stop()
-            assert await asyncio.wait_for(task, 10) == 0
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, started_daemon(config, world) as d:
+        await kubelet.wait_registered(FPGA)
+        yield d, kubelet
 
 
 def spec_is(path: Path, good: bytes) -> bool:

@@ -23,34 +23,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.instances import InstanceLock
 from cdiplug.dra.prepare import ClaimPreparer
 from cdiplug.dra.rollback import roll_back_started
-from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import DeviceUnavailable, KubernetesError, PreparationError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
-from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend
 from cdiplug.toolkit.supervisor import Supervisor
 
 RESOURCE = "example.com/nic"
 DRIVER = "nic.example.com"
-
-
-@attrs.frozen
-class Options:
-    pass
 
 
 class Recording(RecordingBackend):
@@ -59,19 +51,13 @@ class Recording(RecordingBackend):
         return DeviceSnapshot(RESOURCE, devices, ids_env="NIC_IDS")
 
 
-PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
+PLUGIN = Recording.plugin()
+RC = Recording.dra_resource(RESOURCE, DRIVER)
 
 
 class Claims(ClaimsAtSeam):
     def __init__(self) -> None:
         super().__init__(DRIVER, "n1")
-
-
-@pytest.fixture
-async def host(world: World) -> AsyncIterator[BackendHost]:
-    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
-        yield host
 
 
 class Observed:
@@ -313,7 +299,8 @@ async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: Back
     await prep.prepare(a)
     before = spec_of(world, UID_A)
     assert store.get(UID_A) is not None and store.get(UID_A).boot_id == "boot-1"  # type: ignore[union-attr]
-    (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").unlink()  # a restart on the same boot, the folder wiped
+    # A restart on the same boot, the folder wiped: the old daemon no longer keeps the file.
+    assert await host.specs.drop_file(f"cdiplug-claim-{UID_A}.json")
 
     store2 = ClaimStore(world.state_dir)
     await store2.load()
@@ -336,7 +323,7 @@ async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost,
     a, b = claims.add(UID_A, ["nic-0"]), claims.add(UID_B, ["nic-1"])
     first = await prep.prepare(a)
     await prep.prepare(b)
-    (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").unlink()  # the tmpfs is gone; B's spec happens to be there
+    assert await host.specs.drop_file(f"cdiplug-claim-{UID_A}.json")  # the tmpfs is gone; B's spec happens to be there
 
     # After the reboot: a new host would have no memory of preparations; forget ours to be that host.
     host.preparations(RESOURCE)._prepared.clear()

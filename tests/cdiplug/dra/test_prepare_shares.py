@@ -16,33 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer
-from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot, RequestPolicy
-from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend
 
 RESOURCE = "example.com/gpu"
 DRIVER = "gpu.example.com"
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"
 UID_B = "bbbbbbbb-0000-0000-0000-000000000002"
-
-
-@attrs.frozen
-class Options:
-    pass
 
 
 class Recording(RecordingBackend):
@@ -64,8 +54,8 @@ class Recording(RecordingBackend):
         return device
 
 
-PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
+PLUGIN = Recording.plugin()
+RC = Recording.dra_resource(RESOURCE, DRIVER)
 
 
 class Claims(ClaimsAtSeam):
@@ -81,12 +71,6 @@ class Claims(ClaimsAtSeam):
                 for i, (device, share, memory) in enumerate(results)
             ],
         )
-
-
-@pytest.fixture
-async def host(world: World) -> AsyncIterator[BackendHost]:
-    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
-        yield host
 
 
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore) -> ClaimPreparer:
