@@ -41,13 +41,14 @@ from lightkube.models.resource_v1 import DeviceAllocationResult, ResourceClaim
 from cdiplug.errors import InvalidRequest
 from cdiplug.toolkit.brief import brief
 
+T = TypeVar("T")
+
 MAX_RESULTS = 256  # the API allows 32 per claim; a few times that is no claim of the API server's
 MAX_CONFIGS = 64  # the API allows 32 in the claim plus the classes'
 MAX_NAME = 253  # a request ("req/sub"), pool or device name longer than this is no Kubernetes name
 MAX_PARAMETERS = 64 << 10  # bytes of one entry's parameters, as JSON
 MAX_DEPTH = 32  # nesting of parameters
 _SHARE_ID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?")  # a UID: it goes into CDI names
-T = TypeVar("T")
 _QUANTITY = re.compile(r"[+-]?[0-9.]{1,40}([eE][+-]?[0-9]{1,3}|[numkMGTPE]|[KMGTPE]i)?")
 
 
