@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from cdiplug.backend import BackendPlugin
 from cdiplug.config import CONFIG_LABEL, Config, check_against, load_config
 from cdiplug.errors import CdiplugError, ConfigError
+from cdiplug.kube.factory import SharedClient
 from cdiplug.kube.own_node import OwnNode
 from cdiplug.models.world import World
 from cdiplug.node import Node
@@ -57,7 +59,7 @@ class Daemon:
         plugins: Mapping[str, BackendPlugin[Any]] | None = None,
         metrics: Metrics | None = None,
         stop: asyncio.Event | None = None,
-        own_node: Callable[[Supervisor], OwnNode] | None = None,
+        own_node: Callable[[Supervisor, SharedClient], OwnNode] | None = None,
     ) -> None:
         # A path (re-read on SIGHUP), None (the built-in default) or a Config (embedding: the demo).
         self.config_source = config
@@ -77,8 +79,11 @@ class Daemon:
         self._stop = stop if stop is not None else asyncio.Event()
         self._reload = asyncio.Event()
         self._reloads_done = 0
+        # The process's one Kubernetes client (made on first use), for the Node and the front ends.
+        self.kube = SharedClient(world)
         # What is asked of the Node (labels, Events, the configuration label); tests give their API server.
-        self.own_node = own_node(self.supervisor) if own_node is not None else OwnNode(world, self.supervisor)
+        make_own_node = own_node if own_node is not None else functools.partial(OwnNode, world)
+        self.own_node = make_own_node(self.supervisor, self.kube)
         self.configuration: str | None = None  # the named configuration the node label chose (None: default)
 
     def request_stop(self) -> None:
@@ -150,7 +155,13 @@ class Daemon:
                     await stack.enter_async_context(self.metrics.serve(self.metrics_address))
                 recorder = self.metrics if self.metrics is not None else NULL_RECORDER
                 node = self.node = Node(
-                    config, self.world, self.supervisor, plugins=self.plugins, recorder=recorder, own_node=self.own_node
+                    config,
+                    self.world,
+                    self.supervisor,
+                    plugins=self.plugins,
+                    recorder=recorder,
+                    own_node=self.own_node,
+                    kube=self.kube,
                 )
                 try:
                     await node.start()
@@ -167,6 +178,7 @@ class Daemon:
         finally:
             await self.supervisor.close()  # the node label's watch may run before the node does
             await self.own_node.close()
+            await self.kube.close()
             for installed_sig in installed:
                 loop.remove_signal_handler(installed_sig)
             if installed:

@@ -50,6 +50,7 @@ from cdiplug.toolkit.supervisor import Supervisor
 # The host's type: the node's BackendHost (cdiplug.host sits above this module, which the
 # configuration imports; the front ends name it: FrontEndBase[BackendHost]).
 H = TypeVar("H")
+K = TypeVar("K")  # the Kubernetes client (cdiplug.kube, a layer above this one)
 
 # The keys every resource has, whatever its api; the rest are its front end's settings.
 CORE_KEYS = ("name", "backend", "options", "api")
@@ -90,13 +91,15 @@ class FrontEnd(Protocol):
 
 
 @frozen
-class FrontEndParts(Generic[H]):
+class FrontEndParts(Generic[H, K]):
     """What the node gives every front end it makes."""
 
     world: World
     host: H
     supervisor: Supervisor
     recorder: Recorder
+    # The process's one Kubernetes client, made on first call (:class:`cdiplug.kube.factory.SharedClient`).
+    kube: Callable[[], K]
 
 
 # The latest snapshot of a resource (the host's), or None before its backend has reported.
@@ -159,7 +162,7 @@ class FrontEndType(Protocol):
         """How this front end serves the devices held for another's consumers, for messages: ``advertised Unhealthy``."""
         ...
 
-    def create(self, parts: FrontEndParts[Any]) -> FrontEnd:
+    def create(self, parts: FrontEndParts[Any, Any]) -> FrontEnd:
         """The front end, not started."""
         ...
 
@@ -206,7 +209,7 @@ class FrontEndBase(Generic[H]):
     """The parts every front end is made of: the node's world, host, supervisor and recorder; one
     lock so that start, reload and stop never overlap; whether it was stopped."""
 
-    def __init__(self, parts: FrontEndParts[H]) -> None:
+    def __init__(self, parts: FrontEndParts[H, Any]) -> None:
         self.world = parts.world
         self.host: H = parts.host
         self.supervisor = parts.supervisor

@@ -25,6 +25,7 @@ from cdiplug.handover import Handover, Move
 from cdiplug.host import BackendHost
 from cdiplug.host.backends import BACKOFF_INITIAL, BACKOFF_MAX
 from cdiplug.host.owners import Owners
+from cdiplug.kube.factory import SharedClient
 from cdiplug.models.instance import RESOURCE
 from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
@@ -68,6 +69,7 @@ class Node:
         recorder: Recorder = NULL_RECORDER,
         backoff: tuple[float, float] | None = None,
         own_node: OwnNode | None = None,
+        kube: SharedClient | None = None,
     ) -> None:
         self.config = config
         self.own_node = own_node  # labels and Events on the Node (the daemon's; None: nothing asked of the API)
@@ -77,7 +79,10 @@ class Node:
         backoff = backoff if backoff is not None else (BACKOFF_INITIAL, BACKOFF_MAX)
         self.host = BackendHost(world, supervisor, plugins=plugins, recorder=recorder, backoff=backoff)
         self.owners = Owners(world.state_dir, world.instance, world.pod_uid)
-        self._parts = FrontEndParts(world, self.host, supervisor, recorder)
+        # The process's one Kubernetes client (the daemon's; None: the node's own, closed when it stops).
+        self._own_kube = kube is None
+        self.kube = kube if kube is not None else SharedClient(world)
+        self._parts = FrontEndParts(world, self.host, supervisor, recorder, self.kube)
         self.handover = Handover(self.host, world, supervisor, report=self._report, done=self._handover_done)
         self._front_ends: dict[str, FrontEnd] = {}  # by api, in the order they started
         self._lock = asyncio.Lock()
@@ -200,4 +205,6 @@ class Node:
             for front_end in reversed(list(self._front_ends.values())):
                 await front_end.stop()
             await self.host.stop()
+            if self._own_kube:
+                await self.kube.close()
             self.owners.close()

@@ -23,7 +23,8 @@
 #
 # --fast is the inner loop (docs/development.md): no apt and no reinstall (only a missing .venv is
 # made), the static checks of step 3, then pytest -m "$FAST_MARKERS" (no cluster, no runtime or
-# VM, no chaos run, nothing marked slow) over worker processes (pytest-xdist), PYTEST ARGS added.
+# VM, no chaos run, nothing marked slow) over worker processes (pytest-xdist), PYTEST ARGS added,
+# with byte code cached in __pycache__ (git ignores it).
 # CI keeps the full run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +73,10 @@ if ((fast)); then
   step "ruff check" .venv/bin/ruff check --quiet .
   step "mypy --strict" .venv/bin/mypy
   step "import contracts" .venv/bin/lint-imports --no-cache
-  step "pytest (fast tier)" as_root .venv/bin/python -m pytest -q -n "${CDIPLUG_TEST_WORKERS:-4}" -m "$FAST_MARKERS" "$@"
+  # byte code cached (whatever PYTHONDONTWRITEBYTECODE says): each worker and each daemon process
+  # the tests start would otherwise compile every module and rewrite every test's asserts again
+  step "pytest (fast tier)" as_root env -u PYTHONDONTWRITEBYTECODE \
+    .venv/bin/python -m pytest -q -n "${CDIPLUG_TEST_WORKERS:-4}" -m "$FAST_MARKERS" "$@"
   echo "$0: fast tier took $((SECONDS - started)) s"
   exit $status
 fi

@@ -270,8 +270,11 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
             # Watch first, read second: a change between the two can then never be missed.
             watches = [await stack.enter_async_context(FolderWatch(path.parent)) for _, path in watched]
             published: dict[str, DeviceSnapshot] = {}
-            for resource in self.resources:
-                snap = published[resource.name] = self.snapshot(resource, await self._health(resource) or {})
+            # Every health file read at once: each read is a hop to a worker thread, and the last
+            # resource's first snapshot (so its registration) would otherwise wait for all the others.
+            healths = await asyncio.gather(*(self._health(r) for r in self.resources))
+            for resource, health in zip(self.resources, healths):
+                snap = published[resource.name] = self.snapshot(resource, health or {})
                 sink.publish(snap)
             await asyncio.gather(*(self._watch(r, path, w, sink, published[r.name]) for (r, path), w in zip(watched, watches)))
 

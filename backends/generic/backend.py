@@ -34,10 +34,12 @@ from cdiplug.sdk import (
     Device,
     DeviceSharing,
     DeviceSnapshot,
+    Finding,
     Health,
     HealthCause,
     InvalidRequest,
     ModelLabels,
+    NodeChecker,
     PreparationError,
     Preparer,
     RequestPolicy,
@@ -52,6 +54,7 @@ from cdiplug.sdk import (
     run_tasks,
 )
 
+from .checks import scan_findings
 from .claim_config import KIND, GenericClaimConfig, configure
 from .discovery import Found, Scan, scan
 from .nodes import DevRoot
@@ -131,7 +134,7 @@ class ResourceState:
         return DeviceSnapshot(self.config.name, devices=self.devices(), skipped=last.skipped, explained=last.explained)
 
 
-class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericClaimConfig], ModelLabels):
+class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericClaimConfig], ModelLabels, NodeChecker):
     """The ``generic`` backend (see the module docstring)."""
 
     def __init__(
@@ -152,12 +155,15 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
         usb = list(scan_usb(self.world.sysfs_root)) if any(g.usb for s in self.states.values() for g in s.options.groups) else []
         return {name: scan(s.options, self.dev, self.world.sysfs_root, usb) for name, s in self.states.items()}
 
+    async def _scan(self) -> dict[str, Scan]:
+        try:
+            return await asyncio.to_thread(self._scan_sync)
+        except OSError as exc:
+            raise BackendError(f"cannot scan {self.world.dev_root} and {self.world.sysfs_root}: {exc}") from exc
+
     async def rescan(self) -> Mapping[str, DeviceSnapshot]:
         async with self._lock:
-            try:
-                results = await asyncio.to_thread(self._scan_sync)
-            except OSError as exc:
-                raise BackendError(f"cannot scan {self.world.dev_root} and {self.world.sysfs_root}: {exc}") from exc
+            results = await self._scan()
             self.rescans += 1
             for name, result in results.items():
                 self.states[name].update(result)
@@ -280,3 +286,7 @@ class GenericBackend(Backend, Preparer, Unpreparer, ClaimConfigurable[GenericCla
             for key in ("vendor", "product")
             if values and isinstance(value := values[0].get(key), str) and all(v.get(key) == value for v in values)
         }
+
+    async def node_checks(self) -> Sequence[Finding]:
+        """Each resource's paths and selectors against the node now (:mod:`.checks`)."""
+        return list(scan_findings(self.resources, await self._scan()))

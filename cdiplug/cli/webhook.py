@@ -83,16 +83,15 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(drivers: Mapping[str, Any], cert: Path, key: Path, host: str, port: int, kubeconfig: str | None) -> int:
     from cdiplug.dra.webhook import WebhookServer
     from cdiplug.errors import ConfigError
-    from cdiplug.kube.client import LightkubeClient
-    from cdiplug.kube.credentials import find_credentials
+    from cdiplug.kube.client import KubeClient, connect
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client: LightkubeClient | None = None
+    client: KubeClient | None = None
     try:
-        client = LightkubeClient(find_credentials(kubeconfig))
+        client = connect(kubeconfig)
     except Exception as exc:  # no credentials: the classes' configuration is not merged in
         logging.getLogger(__name__).warning("cannot read DeviceClasses (%s): claims are checked on their own", exc)
     try:

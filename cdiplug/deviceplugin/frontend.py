@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.kubelet_watch import KubeletEvent, KubeletWatch
@@ -47,7 +48,7 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
     also keeps the handling of kubelet restarts apart from those.
     """
 
-    def __init__(self, parts: FrontEndParts[BackendHost], *, register_timeout: float = 2.0) -> None:
+    def __init__(self, parts: FrontEndParts[BackendHost, Any], *, register_timeout: float = 2.0) -> None:
         super().__init__(parts)
         self.register_timeout = register_timeout
         self._resources: dict[str, ServedResource] = {}

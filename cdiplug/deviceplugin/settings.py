@@ -149,7 +149,7 @@ class DevicePluginApi(FrontEndTypeBase):
     def holds(self, resource: ResourceConfig[object]) -> str:
         return "advertised Unhealthy to the kubelet"
 
-    def create(self, parts: FrontEndParts[Any]) -> DevicePluginFrontEnd:
+    def create(self, parts: FrontEndParts[Any, Any]) -> DevicePluginFrontEnd:
         from cdiplug.deviceplugin.frontend import DevicePluginFrontEnd  # loaded only when a resource names it
 
         return DevicePluginFrontEnd(parts)

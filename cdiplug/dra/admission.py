@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import frozen
+from lightkube.models.resource_v1 import DeviceClass
 
 from cdiplug.backend import ClaimConfigurable
 from cdiplug.dra.claim_config import decode, merge
@@ -40,7 +41,7 @@ class Driver:
     configurable: ClaimConfigurable[Any] | None
 
 
-ClassReader = Callable[[str], Awaitable[Mapping[str, Any]]]
+ClassReader = Callable[[str], Awaitable[DeviceClass]]
 """DeviceClass name -> the class as the API server has it (raises when it cannot be read)."""
 
 
@@ -62,24 +63,28 @@ def _depth(value: Any, depth: int = 1) -> int:
     return depth
 
 
+def _entry(driver: str, requests: Sequence[Any], params: Any, at: str, where: str) -> _ConfigEntry:
+    """One opaque entry naming one of our drivers; InvalidRequest when its parameters are no
+    JSON object, too large or nested too deep."""
+    if not isinstance(params, Mapping):
+        raise InvalidRequest(f"must be an object, got {brief(params)} @ {at} {where}")
+    size = len(json.dumps(params, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_PARAMETERS:
+        raise InvalidRequest(f"is {size:,} bytes as JSON, more than {MAX_PARAMETERS:,} @ {at} {where}")
+    if _depth(params) > MAX_DEPTH:
+        raise InvalidRequest(f"nests deeper than {MAX_DEPTH} levels @ {at} {where}")
+    return _ConfigEntry(driver, tuple(str(r) for r in requests), params)
+
+
 def _entries(config: Any, path: str, drivers: Mapping[str, Driver], where: str) -> list[_ConfigEntry]:
-    """The opaque entries of ``config`` (a ``config`` list) that name one of ``drivers``."""
+    """The opaque entries of ``config`` (a ``config`` list as the object under review has it) that name one of ``drivers``."""
     out = []
     for i, entry in enumerate(config if isinstance(config, list) else ()):
         opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
         if not isinstance(opaque, Mapping) or opaque.get("driver") not in drivers:
             continue
         at = f"$.{path}[{i}].opaque.parameters"
-        params = opaque.get("parameters")
-        if not isinstance(params, Mapping):
-            raise InvalidRequest(f"must be an object, got {brief(params)} @ {at} {where}")
-        size = len(json.dumps(params, separators=(",", ":"), ensure_ascii=False).encode())
-        if size > MAX_PARAMETERS:
-            raise InvalidRequest(f"is {size:,} bytes as JSON, more than {MAX_PARAMETERS:,} @ {at} {where}")
-        if _depth(params) > MAX_DEPTH:
-            raise InvalidRequest(f"nests deeper than {MAX_DEPTH} levels @ {at} {where}")
-        requests = entry.get("requests") or ()
-        out.append(_ConfigEntry(opaque["driver"], tuple(str(r) for r in requests), params))
+        out.append(_entry(opaque["driver"], entry.get("requests") or (), opaque.get("parameters"), at, where))
     return out
 
 
@@ -132,9 +137,13 @@ async def _class_entries(name: str | None, drivers: Mapping[str, Driver], read_c
         found = await read_class(name)
     except Exception:  # no such class (yet), or unreadable: the claim's own entries still count
         return []
-    spec = found.get("spec") or {}
+    configs = (found.spec.config if found.spec is not None else None) or ()
     try:
-        return _entries(spec.get("config"), "spec.config", drivers, f"(DeviceClass {name})")
+        return [
+            _entry(c.opaque.driver, (), c.opaque.parameters, f"$.spec.config[{i}].opaque.parameters", f"(DeviceClass {name})")
+            for i, c in enumerate(configs)
+            if c.opaque is not None and c.opaque.driver in drivers
+        ]
     except InvalidRequest:
         return []  # the class's own fault, refused or reported where the class is
 

@@ -1,7 +1,7 @@
 """A ResourceClaim as the DRA front end reads it: our allocation results and our configuration.
 
-:func:`allocated` turns the claim object (a JSON-shaped dict from the API server) into a frozen
-:class:`AllocatedClaim`:
+:func:`allocated` turns the claim object (lightkube's ``ResourceClaim`` of ``resource.k8s.io/v1``,
+as the client read it) into a frozen :class:`AllocatedClaim`:
 
 - ``results``: the allocation results whose ``driver`` is ours and whose ``pool`` is this node's,
   in the claim's order, each with its ``adminAccess``;
@@ -14,10 +14,13 @@
   entries of one request. What the parameters mean is the backend's business.
 
 Strict: this is what users send. A claim that is not the one the kubelet named (another UID:
-deleted and created again), is not allocated, or has a field of the wrong shape is an
+deleted and created again), is not allocated, or has a value we cannot take is an
 :class:`~cdiplug.errors.InvalidRequest` naming the claim and the field
 (``… @ $.status.allocation.devices.results[2].device``), every quoted value cut
-(:mod:`cdiplug.toolkit.brief`); the kubelet retries that claim alone. Sizes are bounded: results and
+(:mod:`cdiplug.toolkit.brief`); the kubelet retries that claim alone. A field of the wrong type
+(a number for a name, parameters that are no JSON object) never gets here: the client refuses
+the claim as it reads it, naming the claim and the field the same way
+(:meth:`~cdiplug.kube.client.KubeClient.get_claim`). Sizes are bounded: results and
 configuration entries per claim, the length of names, the nesting and size of parameters.
 
 Pure: no I/O; Kubernetes objects end here.
@@ -29,13 +32,16 @@ import enum
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from attrs import frozen
+from lightkube.models.resource_v1 import DeviceAllocationResult, ResourceClaim
 
 from cdiplug.errors import InvalidRequest
 from cdiplug.toolkit.brief import brief
+
+T = TypeVar("T")
 
 MAX_RESULTS = 256  # the API allows 32 per claim; a few times that is no claim of the API server's
 MAX_CONFIGS = 64  # the API allows 32 in the claim plus the classes'
@@ -114,43 +120,24 @@ class _Claim:
     def error(self, message: str, path: str) -> InvalidRequest:
         return InvalidRequest(f"ResourceClaim {self.ref}: {message} @ $.{path}")
 
-    def mapping(self, value: Any, path: str, optional: bool = True) -> Mapping[str, Any]:
-        if value is None and optional:
-            return {}
-        if not isinstance(value, Mapping):
-            raise self.error(f"must be an object, got {type(value).__name__}", path)
-        return value
-
-    def items(self, value: Any, path: str, limit: int) -> Sequence[Any]:
-        if value is None:
-            return ()
-        if not isinstance(value, list):
-            raise self.error(f"must be a list, got {type(value).__name__}", path)
-        if len(value) > limit:
+    def items(self, value: Sequence[T] | None, path: str, limit: int) -> Sequence[T]:
+        if value is not None and len(value) > limit:
             raise self.error(f"has {len(value):,} entries, more than {limit}", path)
-        return value
+        return value or ()
 
-    def name(self, value: Any, path: str) -> str:
-        if not isinstance(value, str) or not value:
+    def name(self, value: str, path: str) -> str:
+        if not value:
             raise self.error(f"must be a non-empty string, got {brief(value)}", path)
         if len(value) > MAX_NAME:
             raise self.error(f"is {len(value):,} characters long, more than {MAX_NAME}", path)
         return value
 
-    def flag(self, value: Any, path: str) -> bool:
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise self.error(f"must be true or false, got {brief(value)}", path)
-        return value
-
-    def parameters(self, value: Any, path: str) -> Mapping[str, Any]:
-        params = self.mapping(value, path)
-        _check_depth(params, 1, lambda: self.error(f"nests deeper than {MAX_DEPTH} levels", path))
-        size = len(json.dumps(params, separators=(",", ":"), ensure_ascii=False).encode())
+    def parameters(self, value: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+        _check_depth(value, 1, lambda: self.error(f"nests deeper than {MAX_DEPTH} levels", path))
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
         if size > MAX_PARAMETERS:
             raise self.error(f"is {size:,} bytes as JSON, more than {MAX_PARAMETERS:,}", path)
-        return params
+        return value
 
 
 def _check_depth(value: Any, depth: int, error: Any) -> None:
@@ -164,62 +151,53 @@ def _check_depth(value: Any, depth: int, error: Any) -> None:
             _check_depth(item, depth + 1, error)
 
 
-def allocated(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str) -> AllocatedClaim:
+def allocated(claim: ResourceClaim, ref: ClaimRef, driver: str, pool: str) -> AllocatedClaim:
     """What ``claim`` asks of ``driver`` in ``pool``; InvalidRequest when it is no such claim or malformed."""
     c = _Claim(ref)
-    metadata = c.mapping(claim.get("metadata"), "metadata")
-    uid = metadata.get("uid")
+    metadata = claim.metadata
+    uid = metadata.uid if metadata is not None else None
     if uid != ref.uid:
         raise InvalidRequest(f"ResourceClaim {ref.namespace}/{ref.name} has UID {brief(uid)}, not {ref.uid}: it was replaced")
-    status = c.mapping(claim.get("status"), "status")
-    allocation = status.get("allocation")
-    if metadata.get("deletionTimestamp") and not allocation:
+    allocation = claim.status.allocation if claim.status is not None else None
+    if metadata is not None and metadata.deletionTimestamp and not allocation:
         raise InvalidRequest(f"ResourceClaim {ref} is being deleted")
     if not allocation:
         raise InvalidRequest(f"ResourceClaim {ref} is not allocated")
-    devices = c.mapping(c.mapping(allocation, "status.allocation").get("devices"), "status.allocation.devices")
+    devices = allocation.devices or DeviceAllocationResult()
     out: list[AllocatedDevice] = []
-    for i, result in enumerate(c.items(devices.get("results"), "status.allocation.devices.results", MAX_RESULTS)):
+    for i, result in enumerate(c.items(devices.results, "status.allocation.devices.results", MAX_RESULTS)):
         where = f"status.allocation.devices.results[{i}]"
-        result = c.mapping(result, where, optional=False)
-        if result.get("driver") != driver or result.get("pool") != pool:
+        if result.driver != driver or result.pool != pool:
             continue  # another driver's, or another node's: not ours to judge
-        share_id = result.get("shareID")
-        if share_id is not None and not (isinstance(share_id, str) and _SHARE_ID.fullmatch(share_id)):
+        share_id = result.shareID
+        if share_id is not None and not _SHARE_ID.fullmatch(share_id):
             raise c.error(f"must be a UID (letters, digits and '-'), got {brief(share_id)}", f"{where}.shareID")
-        consumed = c.mapping(result.get("consumedCapacity"), f"{where}.consumedCapacity")
+        consumed: Mapping[str, Any] = result.consumedCapacity or {}
         for key, value in consumed.items():
             if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
                 raise c.error(f"must be a quantity, got {brief(value)}", f"{where}.consumedCapacity.{brief(key)[1:-1]}")
         out.append(
             AllocatedDevice(
-                request=c.name(result.get("request"), f"{where}.request"),
+                request=c.name(result.request, f"{where}.request"),
                 pool=pool,
-                device=c.name(result.get("device"), f"{where}.device"),
+                device=c.name(result.device, f"{where}.device"),
                 share_id=share_id,
                 consumed_capacity=tuple((str(k), v) for k, v in consumed.items()),
-                admin_access=c.flag(result.get("adminAccess"), f"{where}.adminAccess"),
+                admin_access=bool(result.adminAccess),
             )
         )
     by_source: dict[ConfigSource, list[ConfigEntry]] = {ConfigSource.CLASS: [], ConfigSource.CLAIM: []}
-    for i, entry in enumerate(c.items(devices.get("config"), "status.allocation.devices.config", MAX_CONFIGS)):
+    for i, entry in enumerate(c.items(devices.config, "status.allocation.devices.config", MAX_CONFIGS)):
         where = f"status.allocation.devices.config[{i}]"
-        entry = c.mapping(entry, where, optional=False)
-        opaque = entry.get("opaque")
-        if opaque is None:
-            continue  # a kind of configuration this API version does not have: none of ours
-        opaque = c.mapping(opaque, f"{where}.opaque", optional=False)
-        if opaque.get("driver") != driver:
-            continue
-        source_text = entry.get("source")
+        if entry.opaque is None or entry.opaque.driver != driver:
+            continue  # another kind of configuration (none of ours), or another driver's
         try:
-            source = ConfigSource(source_text)
+            source = ConfigSource(entry.source)
         except ValueError:
-            raise c.error(f"must be FromClass or FromClaim, got {brief(source_text)}", f"{where}.source") from None
+            raise c.error(f"must be FromClass or FromClaim, got {brief(entry.source)}", f"{where}.source") from None
         requests = tuple(
-            c.name(r, f"{where}.requests[{j}]")
-            for j, r in enumerate(c.items(entry.get("requests"), f"{where}.requests", MAX_RESULTS))
+            c.name(r, f"{where}.requests[{j}]") for j, r in enumerate(c.items(entry.requests, f"{where}.requests", MAX_RESULTS))
         )
-        parameters = c.parameters(opaque.get("parameters"), f"{where}.opaque.parameters")
+        parameters = c.parameters(entry.opaque.parameters, f"{where}.opaque.parameters")
         by_source[source].append(ConfigEntry(source=source, requests=requests, parameters=parameters))
     return AllocatedClaim(ref=ref, results=tuple(out), configs=(*by_source[ConfigSource.CLASS], *by_source[ConfigSource.CLAIM]))

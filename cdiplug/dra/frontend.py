@@ -2,9 +2,9 @@
 
 Per resource a :class:`~cdiplug.dra.driver.DraDriver` (sockets, slices, health) with a
 :class:`~cdiplug.dra.prepare.ClaimPreparer`, attached to the backend host like the device-plugin
-front end's resources. Shared by all drivers: one Kubernetes client (made on first need by
-``client_factory``, by default :func:`cdiplug.kube.client.connect`: ``world.kubeconfig``, else as kubectl) and one
-checkpoint of prepared claims (:class:`~cdiplug.dra.checkpoint.ClaimStore`).
+front end's resources. Shared by all drivers: the process's one Kubernetes client (``parts.kube``,
+:class:`~cdiplug.kube.factory.SharedClient`: made on first need, closed by whoever made it) and
+one checkpoint of prepared claims (:class:`~cdiplug.dra.checkpoint.ClaimStore`).
 
 - **start**: the checkpoint is read, claims an earlier run left half prepared are rolled back
   (:func:`~cdiplug.dra.rollback.roll_back_started`), claim specs it does not know are removed;
@@ -47,7 +47,6 @@ from cdiplug.errors import CdiplugError
 from cdiplug.frontend import FrontEndBase, FrontEndParts, changes
 from cdiplug.host import BackendHost
 from cdiplug.kube.client import KubeClient
-from cdiplug.kube.factory import ClientFactory, default_client
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.toolkit.supervisor import SupervisorClosed
 
@@ -57,11 +56,11 @@ log = logging.getLogger(__name__)
 class DraFrontEnd(FrontEndBase[BackendHost]):
     """Serves resources as DRA drivers; ``start(resources)``, ``reload(...)``, ``stop()``."""
 
-    def __init__(self, parts: FrontEndParts[BackendHost], *, client_factory: ClientFactory = default_client) -> None:
+    def __init__(self, parts: FrontEndParts[BackendHost, KubeClient]) -> None:
         super().__init__(parts)
-        self.client_factory = client_factory
+        # The process's one Kubernetes client, made on first use (KubernetesError without credentials).
+        self.client = parts.kube
         self.store = ClaimStore(self.world.own_state_dir)
-        self._client: KubeClient | None = None
         self._drivers: dict[str, DraDriver] = {}
         self._draining: dict[str, DraDriver] = {}  # by driver name: left the configuration, claims still prepared
         self.boot_id: str | None = None  # read at start (world.host_path: tests fake it)
@@ -81,12 +80,6 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
     def draining(self) -> Mapping[str, DraDriver]:
         """Drivers that left the configuration and serve only the unprepares of their claims, by driver name."""
         return dict(self._draining)
-
-    def client(self) -> KubeClient:
-        """The shared Kubernetes client, made on first use (KubernetesError without credentials)."""
-        if self._client is None:
-            self._client = self.client_factory(self.world)
-        return self._client
 
     # -- lifecycle --
 
@@ -262,9 +255,6 @@ class DraFrontEnd(FrontEndBase[BackendHost]):
             await self._stop_all()
             if self.instance is not None:
                 self.instance.release()  # nothing of ours is being prepared any more
-            if self._client is not None:
-                client, self._client = self._client, None
-                await client.close()
 
     def _drained(self, drv: DraDriver) -> None:
         """Called by a draining driver's preparer (inside its last unprepare): stop it from a task."""

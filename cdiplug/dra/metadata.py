@@ -42,6 +42,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from lightkube.models.resource_v1 import ResourceClaim
+
 from cdiplug.dra.checkpoint import PreparedClaim
 from cdiplug.dra.slices import device_body
 from cdiplug.errors import CdiError, InputError, InvalidRequest
@@ -104,12 +106,11 @@ def container_path(driver: str, claim: str, request: str, pod_claim: str | None 
     return f"{CONTAINER_DIR}/{where}/{request_of(request)}/{driver}-metadata.json"
 
 
-def pod_claim_name(claim: Mapping[str, Any]) -> str | None:
+def pod_claim_name(claim: ResourceClaim) -> str | None:
     """The pod-local name of a claim made from a ResourceClaimTemplate (its annotation); None for
     a claim the pod names itself. InvalidRequest when the annotation is no DNS label."""
-    meta = claim.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    value = annotations.get(POD_CLAIM_ANNOTATION) if isinstance(annotations, Mapping) else None
+    annotations = (claim.metadata.annotations if claim.metadata is not None else None) or {}
+    value = annotations.get(POD_CLAIM_ANNOTATION)
     if value is None:
         return None
     if not isinstance(value, str) or not is_dns_label(value):

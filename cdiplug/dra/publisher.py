@@ -47,7 +47,8 @@ from cdiplug.dra.slices import (
     split,
 )
 from cdiplug.errors import KubernetesError
-from cdiplug.kube.client import CONFLICT, NOT_FOUND, KubeClient, retry_after, slice_object
+from cdiplug.kube.client import CONFLICT, NOT_FOUND, KubeClient, slice_object
+from cdiplug.kube.failures import retry_after
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.telemetry.recorder import NULL_RECORDER, Recorder
 from cdiplug.toolkit.backoff import Backoff

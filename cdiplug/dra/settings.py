@@ -158,7 +158,7 @@ class DraApi(FrontEndTypeBase):
     def holds(self, resource: ResourceConfig[object]) -> str:
         return "published to DRA tainted NoSchedule"
 
-    def create(self, parts: FrontEndParts[Any]) -> DraFrontEnd:
+    def create(self, parts: FrontEndParts[Any, Any]) -> DraFrontEnd:
         from cdiplug.dra.frontend import DraFrontEnd  # loaded only when a resource names it, or claims are left
 
         return DraFrontEnd(parts)

@@ -5,9 +5,10 @@
   Imports no HTTP client.
 - :mod:`.client`: the :class:`~cdiplug.kube.client.KubeClient` protocol and its lightkube
   implementation; every call bounded in time, every failure one error naming the call, the
-  server and the credentials' source.
+  server and the credentials' source (:mod:`.failures`).
 - :mod:`.factory`: the one way a client is made (:func:`~cdiplug.kube.factory.default_client`),
-  for the DRA front end and the node's own Node.
+  and the process's one client (:class:`~cdiplug.kube.factory.SharedClient`), which the daemon
+  hands the DRA front end and the node's own Node.
 
 - :mod:`.node_labels`, :mod:`.events`, :mod:`.config_label` and :mod:`.own_node`: what the
   daemon does with its own Node (``cdiplug.dev/`` labels, Events, the label choosing its named

@@ -2,8 +2,10 @@
 
 :class:`KubeClient` is the seam (the DRA front end, the node's own Node and ``cdiplug
 node-capacity`` use it; tests pass fakes or the API-server stand-in). Slices, Nodes and Events
-come and go as lightkube's typed models; patches are patches (JSON); ResourceClaims and
-DeviceClasses are still JSON-shaped dicts, read by the strict claim parser (:mod:`cdiplug.dra.claims`).
+come and go as lightkube's typed models, and so do ResourceClaims and DeviceClasses (what users
+wrote in them is read strictly by :mod:`cdiplug.dra.claims` and :mod:`cdiplug.dra.admission`);
+patches are patches (JSON). An answer that does not decode as its model (a claim with a number
+for a device name) is an error naming the call and the field (``… @ $.status.…``).
 :class:`LightkubeClient` implements it with lightkube's async client (httpx under it; models of
 ``resource.k8s.io/v1`` that follow the Kubernetes releases). lightkube was chosen over
 kubernetes_asyncio because it is small (a fraction of the import time and memory of the fully
@@ -30,7 +32,7 @@ wrapping the usual one): within one watch call it refuses a second watch request
 
 Every failure of a call, whatever the client library raises for it (an error status, a
 redirect, an answer without a ``Content-Type`` that lightkube's own error handling trips over,
-an answer that does not decode), becomes one :class:`ApiCallError` naming the call.
+an answer that does not decode), becomes one :class:`ApiCallError` naming the call (:mod:`.failures`).
 
 This module imports lightkube; only the DRA front end, ``node-capacity`` and the node's own
 dealings with its Node (:mod:`.own_node`) import it, each only when it is used.
@@ -51,8 +53,9 @@ from lightkube import AsyncClient
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, Context, User
-from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
+from lightkube.core.exceptions import ConfigError, NotReadyError
 from lightkube.models import core_v1 as core
+from lightkube.models import resource_v1 as resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
@@ -60,12 +63,12 @@ from lightkube.types import PatchType
 
 from cdiplug.errors import KubernetesError
 from cdiplug.kube.credentials import Credentials, find_credentials
+from cdiplug.kube.failures import ApiCallError, call_error
 
 FIELD_MANAGER = "cdiplug"
 DEFAULT_TIMEOUT = 10.0
 WATCH_TIMEOUT = 300  # seconds the server keeps one watch open (timeoutSeconds)
 WATCH_GRACE = 30.0  # seconds more without an event before a watch is given up as silent
-RETRY_AFTER_MAX = 300.0  # a longer Retry-After is not believed
 NOT_FOUND = 404
 CONFLICT = 409
 
@@ -79,32 +82,8 @@ class _WatchEnded(Exception):
     """The server ended the watch and lightkube was about to open it again."""
 
 
-class ApiCallError(KubernetesError):
-    """A call that failed: ``what`` was asked of the server ``where``; ``detail`` is the server's or the transport's word."""
-
-    def __init__(self, what: str, where: str, detail: str, status: int | None = None, retry_after: float | None = None) -> None:
-        super().__init__(f"{what} on {where}: {detail}", status)
-        self.what, self.where, self.detail = what, where, detail
-        self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After), if it did
-
-
-def retry_after(exc: BaseException) -> float | None:
-    """The seconds a failed call's server asked to wait before the next (``Retry-After``); None when it did not."""
-    value = getattr(exc, "retry_after", None)
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _retry_after(response: httpx2.Response | None) -> float | None:
-    header = response.headers.get("retry-after") if response is not None else None
-    try:
-        seconds = float(header) if header else None
-    except ValueError:
-        return None  # an HTTP date: not worth believing
-    return min(max(seconds, 0.0), RETRY_AFTER_MAX) if seconds is not None else None
-
-
 class KubeClient(Protocol):
-    """What cdiplug asks of the API server: lightkube's models, but claims and classes (JSON-shaped dicts)."""
+    """What cdiplug asks of the API server, as lightkube's models."""
 
     async def list_slices(self, driver: str, node: str) -> tuple[list[ResourceSlice], str]:
         """This node's slices of ``driver`` and the list's resourceVersion."""
@@ -120,11 +99,19 @@ class KubeClient(Protocol):
 
     async def delete_slice(self, name: str) -> None: ...
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+    async def get_claim(self, namespace: str, name: str) -> resource.ResourceClaim:
+        """ResourceClaim ``namespace/name``; a claim with a field of the wrong type is an error naming the claim and the field."""
+        ...
+
+    async def get_device_class(self, name: str) -> resource.DeviceClass:
+        """DeviceClass ``name`` (the admission webhook reads a claim's classes' configuration)."""
+        ...
 
     async def get_node(self, name: str) -> core.Node: ...
 
-    async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+    async def apply_claim_status(
+        self, namespace: str, name: str, body: Mapping[str, Any], manager: str
+    ) -> resource.ResourceClaim:
         """Server-side apply ``body`` to ``resourceclaims/<name>/status`` as field manager ``manager`` (forced)."""
         ...
 
@@ -180,12 +167,6 @@ def slice_object(body: Mapping[str, Any]) -> ResourceSlice:
     return obj
 
 
-def _dict(obj: Any) -> dict[str, Any]:
-    out = obj.to_dict()
-    assert isinstance(out, dict)
-    return out
-
-
 class _OneWatchPerCall(httpx2.AsyncBaseTransport):
     """The client's transport: within one :meth:`LightkubeClient.watch_slices` call, a second watch request is refused."""
 
@@ -209,32 +190,6 @@ def _transport(config: SingleConfig) -> _OneWatchPerCall:
     assert config.user is not None
     verify = verify_cluster(config.cluster, config.user, config.abs_file, trust_env=False)
     return _OneWatchPerCall(httpx2.AsyncHTTPTransport(verify=verify, trust_env=False))
-
-
-def _status_error(exc: BaseException) -> httpx2.HTTPStatusError | None:
-    """The error answer behind ``exc`` (itself, or what it was raised while handling)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, httpx2.HTTPStatusError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _answer(error: httpx2.HTTPStatusError) -> str:
-    """An error answer in a few words: ``HTTP 500 Internal Server Error: <body>``, a redirect with its target."""
-    response = error.response
-    words = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
-    location = response.headers.get("location")
-    if response.is_redirect and location:
-        return f"{words} to {location} (redirects are not followed)"
-    try:
-        body = " ".join(response.text.split())[:200]
-    except (httpx2.ResponseNotRead, UnicodeDecodeError):
-        body = ""
-    return f"{words}: {body}" if body else words
 
 
 class LightkubeClient:
@@ -264,21 +219,7 @@ class LightkubeClient:
             raise KubernetesError(f"cannot use the credentials from {credentials.source}: {exc}") from exc
 
     def _error(self, what: str, exc: BaseException) -> ApiCallError:
-        where = self.credentials.where
-        if isinstance(exc, ApiError):
-            status = exc.status
-            code = int(status.code) if status is not None and status.code is not None else None
-            message = status.message if status is not None and status.message else str(exc)
-            return ApiCallError(what, where, message, code, _retry_after(getattr(exc, "response", None)))
-        if isinstance(exc, TimeoutError):
-            return ApiCallError(what, where, f"no answer within {self.timeout:g} s")
-        answer = _status_error(exc)
-        if answer is not None:
-            response = answer.response
-            return ApiCallError(what, where, _answer(answer), response.status_code, _retry_after(response))
-        if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
-            return ApiCallError(what, where, f"the answer does not decode: {exc}")
-        return ApiCallError(what, where, f"{type(exc).__name__}: {exc}")
+        return call_error(what, self.credentials.where, exc, self.timeout)
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
@@ -337,15 +278,16 @@ class LightkubeClient:
             if exc.status != NOT_FOUND:
                 raise
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> resource.ResourceClaim:
         what = f"cannot read ResourceClaim {namespace}/{name}"
-        return _dict(await self._call(what, self._client.get(ResourceClaim, name, namespace=namespace)))
+        return await self._call(what, self._client.get(ResourceClaim, name, namespace=namespace))
 
-    async def get_device_class(self, name: str) -> dict[str, Any]:
-        """DeviceClass ``name`` (the admission webhook reads a claim's classes' configuration)."""
-        return _dict(await self._call(f"cannot read DeviceClass {name}", self._client.get(DeviceClass, name)))
+    async def get_device_class(self, name: str) -> resource.DeviceClass:
+        return await self._call(f"cannot read DeviceClass {name}", self._client.get(DeviceClass, name))
 
-    async def apply_claim_status(self, namespace: str, name: str, body: Mapping[str, Any], manager: str) -> dict[str, Any]:
+    async def apply_claim_status(
+        self, namespace: str, name: str, body: Mapping[str, Any], manager: str
+    ) -> resource.ResourceClaim:
         call = self._client.patch(
             ResourceClaim.Status,
             name,
@@ -355,7 +297,7 @@ class LightkubeClient:
             field_manager=manager,
             force=True,  # a manager of our own owns our entries; force only takes back what is ours
         )
-        return _dict(await self._call(f"cannot write the status of ResourceClaim {namespace}/{name}", call))
+        return await self._call(f"cannot write the status of ResourceClaim {namespace}/{name}", call)
 
     async def get_node(self, name: str) -> core.Node:
         return await self._call(f"cannot read Node {name}", self._client.get(Node, name))

@@ -1,7 +1,7 @@
 """The node label choosing this node's named configuration: ``cdiplug.dev/config=<name>``.
 
 :class:`ConfigLabelWatch` watches the daemon's own Node (a watch on ``metadata.name``, through
-the node's one client) and calls ``on_change(name)`` whenever the label's value changes (None:
+the process's one client) and calls ``on_change(name)`` whenever the label's value changes (None:
 no label, so the ``default`` configuration). A watch that fails or ends is opened again after
 the one backoff helper's delay (1 s doubling to 60 s, back to 1 s once events come). The daemon
 applies a change as it applies a SIGHUP.

@@ -23,7 +23,7 @@ from cdiplug.kube.credentials import Credentials
 from cdiplug.models.names import extended_resource_problem, is_dns_subdomain
 
 if TYPE_CHECKING:
-    from cdiplug.kube.client import ApiCallError
+    from cdiplug.kube.failures import ApiCallError
 
 RBAC_HINT = "it needs 'patch' on the 'nodes/status' resource; see deploy/rbac-node-capacity.yaml"
 DEFAULT_TIMEOUT = 30.0
@@ -111,7 +111,8 @@ class NodeCapacity:
         return asyncio.run(self._patch(node, remove_patch(resources), "remove"))
 
     async def _patch(self, node: str, patch: list[dict[str, str]], verb: str) -> dict[str, str]:
-        from cdiplug.kube.client import ApiCallError, LightkubeClient  # lightkube only when something is sent
+        from cdiplug.kube.client import LightkubeClient  # lightkube only when something is sent
+        from cdiplug.kube.failures import ApiCallError
 
         where = f"node {node!r} on {self.credentials.where}"
         try:

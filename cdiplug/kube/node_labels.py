@@ -129,7 +129,7 @@ class NodeLabeler:
         settle: float = 10.0,
         backoff: tuple[float, float] = (1.0, 60.0),
     ) -> None:
-        self.client = client  # the node's one client, made on first use
+        self.client = client  # the process's one client, made on first use
         self.node = node
         self.interval = interval
         self.settle = settle

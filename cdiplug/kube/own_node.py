@@ -1,7 +1,8 @@
 """What the daemon does with its own Node object: device labels, Events, the configuration label.
 
-:class:`OwnNode` holds the node's one Kubernetes client (made on first use, so a daemon that
-asks nothing of its Node never loads lightkube) and runs, under the supervisor, what is needed:
+:class:`OwnNode` is handed the process's one Kubernetes client (a
+:class:`~cdiplug.kube.factory.SharedClient`: made on first use, so a daemon that asks nothing of
+its Node never loads lightkube) and runs, under the supervisor, what is needed:
 
 - ``node-labels`` (:mod:`.node_labels`) once a configuration has ``node_labels: true``; a
   configuration turning it off again has every ``cdiplug.dev/`` label removed;
@@ -17,20 +18,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from cdiplug.config import Config
 from cdiplug.host import BackendHost
 from cdiplug.kube.config_label import ConfigLabelWatch
 from cdiplug.kube.events import NodeEvents, health_changes
-from cdiplug.kube.factory import ClientFactory, default_client
+from cdiplug.kube.factory import SharedClient
 from cdiplug.kube.node_labels import NodeLabeler
 from cdiplug.models.devices import DeviceSnapshot
 from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from cdiplug.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +39,8 @@ class OwnNode:
         self,
         world: World,
         supervisor: Supervisor,
+        client: SharedClient,
         *,
-        client_factory: ClientFactory = default_client,
         label_interval: float = 1.0,
         label_settle: float = 10.0,
         event_interval: float = 60.0,
@@ -51,8 +48,7 @@ class OwnNode:
     ) -> None:
         self.world = world
         self.supervisor = supervisor
-        self.client_factory = client_factory
-        self._client: KubeClient | None = None
+        self.client = client  # the process's one (the daemon closes it)
         self.events = NodeEvents(self.client, world.node_name, interval=event_interval, backoff=backoff)
         self.labeler = NodeLabeler(self.client, world.node_name, interval=label_interval, settle=label_settle, backoff=backoff)
         self.label_watch: ConfigLabelWatch | None = None
@@ -61,12 +57,6 @@ class OwnNode:
         self._events_running = False
         self._labels_on = False
         self._previous: dict[str, DeviceSnapshot] = {}
-
-    def client(self) -> KubeClient:
-        """The node's one client (a :class:`~cdiplug.errors.KubernetesError` when it cannot be made)."""
-        if self._client is None:
-            self._client = self.client_factory(self.world)
-        return self._client
 
     @property
     def active(self) -> bool:
@@ -121,9 +111,6 @@ class OwnNode:
 
     async def close(self) -> None:
         await self.supervisor.cancel("node-labels", "node-events", "node-config-label")
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
 
     def _ensure_events(self) -> None:
         if self.active and not self._events_running:

@@ -8,8 +8,8 @@
   ResourceSlices (list, watch, create, update, delete), ResourceClaims and Nodes.
 - :class:`RecordingSink` and ``running`` (``cdiplug.testing.sink``): run a backend under test and
   await what it reports.
-- :func:`running_daemon` (``cdiplug.testing.daemon``): the daemon of ``cdiplug serve`` in the
-  caller's event loop until a block ends.
+- :func:`running_daemon` and :func:`started_daemon` (``cdiplug.testing.daemon``): the daemon of
+  ``cdiplug serve`` in the caller's event loop until a block ends.
 - :func:`daemon_process` (``cdiplug.testing.process``): a real ``python -m cdiplug serve`` process
   with its JSON log read as it comes.
 - :class:`ClaimsAtSeam`, :class:`RecordingBackend` and :func:`hosted_backend`
@@ -34,6 +34,7 @@ _EXPORTS = {
     "RecordingSink": "sink",
     "PodResourcesStandIn": "pod_resources",
     "running_daemon": "daemon",
+    "started_daemon": "daemon",
     "daemon_process": "process",
     "eventually": "poll",
     "ClaimsAtSeam": "dra_claims",

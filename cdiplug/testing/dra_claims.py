@@ -16,13 +16,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, ClassVar
 
 import attrs
+import msgspec
+from lightkube.models.resource_v1 import ResourceClaim
 
 from cdiplug.backend import BackendPlugin, SnapshotSink
 from cdiplug.dra.claims import ClaimRef
+from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import KubernetesError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
-from cdiplug.models.resource import ResourceConfig
+from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.toolkit.supervisor import Supervisor
 
@@ -73,16 +76,23 @@ class ClaimsAtSeam:
         """The claim ``uid`` allocated to ``devices``, each for the request ``nic``."""
         return self.put(uid, [self.result(d, admin=admin) for d in devices], config=config)
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+        """The claim as the client returns it: lightkube's model (a field of the wrong type fails here)."""
         self.reads += 1
         try:
-            return self.claims[(namespace, name)]
+            claim = self.claims[(namespace, name)]
         except KeyError:
             raise KubernetesError(f"resourceclaims {name} not found", 404) from None
+        return msgspec.convert(claim, ResourceClaim)
 
-    async def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any], manager: str) -> dict[str, Any]:
+    async def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any], manager: str) -> ResourceClaim:
         self.statuses.append(list(body.get("status", {}).get("devices") or []))
-        return body
+        return msgspec.convert(body, ResourceClaim)
+
+
+@attrs.frozen
+class NoOptions:
+    """The options of a :class:`RecordingBackend`: none."""
 
 
 class RecordingBackend:
@@ -90,9 +100,18 @@ class RecordingBackend:
 
     A preparation adds a device node ``/dev/<id>`` to each device (as a VFIO bind adds its node);
     subclasses say otherwise in :meth:`prepared_device`. The last one made is ``type(self).last``.
+    :meth:`plugin` is the subclass as the plugin ``rec``, :meth:`dra_resource` a DRA resource of it.
     """
 
     last: ClassVar[Any]
+
+    @classmethod
+    def plugin(cls) -> BackendPlugin[NoOptions]:
+        return BackendPlugin(name="rec", options_type=NoOptions, create=cls)
+
+    @staticmethod
+    def dra_resource(name: str, driver: str) -> ResourceConfig[NoOptions]:
+        return ResourceConfig(name, "rec", NoOptions(), api=Api.DRA, settings=DraSettings(dra_driver=driver))
 
     def __init__(self, resources: Sequence[ResourceConfig[Any]], world: World) -> None:
         self.resources = resources

@@ -17,8 +17,7 @@ a start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,13 @@ import yaml
 
 from cdiplug import frontend
 from cdiplug.config import check_against, load_config, parse_config
-from cdiplug.daemon import Daemon
 from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import ConfigError
 from cdiplug.frontend import FrontEndParts, FrontEndTypeBase, Latest, ResourceProblem, changes
 from cdiplug.models.devices import DeviceSnapshot, Health, HealthCause
 from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn, PodResourcesStandIn
+from cdiplug.testing import KubeletStandIn, PodResourcesStandIn, started_daemon
 
 FPGA, NIC = "example.com/fpga", "example.com/nic"
 
@@ -45,7 +43,7 @@ class Echo:
 
     made: list[Echo] = []
 
-    def __init__(self, parts: FrontEndParts[Any]) -> None:
+    def __init__(self, parts: FrontEndParts[Any, Any]) -> None:
         self.host = parts.host
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.devices: dict[str, tuple[str, ...]] = {}
@@ -136,7 +134,7 @@ class EchoApi(FrontEndTypeBase):
     def consumers(self, resource: ResourceConfig[object]) -> str:
         return "echo listeners"
 
-    def create(self, parts: FrontEndParts[Any]) -> Echo:
+    def create(self, parts: FrontEndParts[Any, Any]) -> Echo:
         return Echo(parts)
 
 
@@ -160,25 +158,13 @@ def fake(name: str, count: int, api: str | None = None, **more: Any) -> dict[str
     return {"name": name, "backend": "fake", "options": {"count": count}} | ({"api": api} if api else {}) | more
 
 
-@contextlib.asynccontextmanager
-async def running(path: Path, world: World) -> AsyncIterator[Daemon]:
-    d = Daemon(path, world)
-    task = asyncio.create_task(d.run(handle_signals=False), name="daemon under test")
-    try:
-        await asyncio.wait_for(d.started.wait(), 10)
-        yield d
-    finally:
-        d.request_stop()
-        assert await asyncio.wait_for(task, 10) == 0
-
-
 # -- the done-when test: a front end of the test's own, served by the daemon -------------------------
 
 
 @pytest.mark.usefixtures("echo")
 async def test_the_daemon_serves_a_front_end_registered_by_a_test(world: World, short_tmp: Path) -> None:
     path = write(short_tmp / "c.yaml", fake(FPGA, 2, "echo", replicas=2))
-    async with running(path, world) as d:
+    async with started_daemon(path, world) as d:
         assert d.node is not None and set(d.node.front_ends) == {"echo"}  # no device plugin made: none asked for
         [echo] = Echo.made
         assert echo.calls == [("start", (FPGA,))]
@@ -213,7 +199,7 @@ async def test_a_resource_moving_between_front_ends_keeps_its_snapshots(world: W
     async with (
         KubeletStandIn(world.kubelet_dir) as kubelet,
         PodResourcesStandIn(world.pod_resources_socket),  # no pod holds a device: nothing to hand over
-        running(path, world) as d,
+        started_daemon(path, world) as d,
     ):
         await kubelet.wait_registered(FPGA, timeout=10)
         await kubelet.wait_until(lambda: len(kubelet.devices(FPGA)) == 2, 10)
@@ -246,7 +232,7 @@ async def test_a_resource_leaving_the_third_front_end_is_handed_over_at_a_reload
         return {dev.id: dev.health for dev in kubelet.devices(FPGA)}
 
     async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        async with running(path, world) as d:
+        async with started_daemon(path, world) as d:
             assert d.node is not None
             d.node.handover.interval = 0.05
             await Echo.made[0].wait_devices(FPGA, 2)
@@ -266,7 +252,7 @@ async def test_a_resource_leaving_the_third_front_end_is_handed_over_at_a_reload
         # A start with the device plugin while echo's listeners hold fpga-0 (a rolled DaemonSet).
         echo.held[FPGA] = frozenset({"fpga-0"})
         echo.asked.clear()
-        async with running(path, world) as d:
+        async with started_daemon(path, world) as d:
             assert d.node is not None and d.node.handover.moving == [FPGA]
             assert echo.asked[0] == ((FPGA,), True)
             await kubelet.wait_until(

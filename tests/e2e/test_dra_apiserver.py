@@ -231,7 +231,8 @@ async def test_claim_allocation_as_the_scheduler_writes_it(client: LightkubeClie
     created["status"] = {"allocation": {"devices": {"results": results, "config": config}}}
     kubectl(apiserver, "replace", "--subresource=status", "-f", "-", input=created)
     got = await client.get_claim("default", "c1")
-    ref = ClaimRef("default", "c1", got["metadata"]["uid"])
+    assert got.metadata is not None and got.metadata.uid is not None
+    ref = ClaimRef("default", "c1", got.metadata.uid)
     claim = allocated(got, ref, DRIVER, "n1")
     assert claim.results == (AllocatedDevice("fpga", "n1", "fpga-7"),)
     assert [(c.source.value, c.requests, c.parameters["mode"]) for c in claim.configs_for("fpga")] == [
@@ -371,7 +372,7 @@ async def test_claim_device_status_needs_the_driver_verb_and_keeps_others(apiser
         deadline = time.monotonic() + 30  # RBAC's informer picks the binding up: nothing to await from here
         while True:
             try:
-                written = await driver.apply_claim_status(ns, "c-status", body, status.field_manager(DRIVER))
+                written = (await driver.apply_claim_status(ns, "c-status", body, status.field_manager(DRIVER))).to_dict()
                 break
             except KubernetesError as exc:
                 assert exc.status == 422 and time.monotonic() < deadline, exc
@@ -433,9 +434,11 @@ async def test_claim_device_status_needs_the_driver_verb_and_keeps_others(apiser
             await driver.apply_claim_status(ns, "c-status", stale, status.field_manager(DRIVER))
         assert conflict.value.status == 422 and "metadata.uid" in str(conflict.value), conflict.value
 
-        cleared = await driver.apply_claim_status(
-            ns, "c-status", status.apply_body(ns, "c-status", uid, []), status.field_manager(DRIVER)
-        )
+        cleared = (
+            await driver.apply_claim_status(
+                ns, "c-status", status.apply_body(ns, "c-status", uid, []), status.field_manager(DRIVER)
+            )
+        ).to_dict()
         assert [d["driver"] for d in cleared["status"]["devices"]] == ["other.example.com"]
         assert cleared["status"]["allocation"]["devices"]["results"] == results
     finally:

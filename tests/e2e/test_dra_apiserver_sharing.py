@@ -139,15 +139,19 @@ async def test_a_share_allocation_as_the_scheduler_writes_it(client: LightkubeCl
     created["status"] = {"allocation": {"devices": {"results": [result | {"consumedCapacity": {"memory": "30Gi"}}]}}}
     kubectl(apiserver, "replace", "--subresource=status", "-f", "-", input=created)
     got = await client.get_claim("default", "share")
-    stored = got["status"]["allocation"]["devices"]["results"][0]
-    assert stored["shareID"] == result["shareID"] and stored["consumedCapacity"] == {"memory": "30Gi"}
-    claim_read = allocated(got, ClaimRef("default", "share", got["metadata"]["uid"]), DRIVER, "n1")
+    assert got.metadata is not None and got.metadata.uid is not None
+    assert got.status is not None and got.status.allocation is not None and got.status.allocation.devices is not None
+    (stored,) = got.status.allocation.devices.results or ()
+    assert stored.shareID == result["shareID"] and stored.consumedCapacity == {"memory": "30Gi"}
+    uid = got.metadata.uid
+    claim_read = allocated(got, ClaimRef("default", "share", uid), DRIVER, "n1")
     assert claim_read.results == (AllocatedDevice("gpu", "n1", "gpu-0", result["shareID"], (("memory", "30Gi"),)),)
     # The share's status entry (KEP-4817) names its share: the server keeps shareID.
     entry = status.device_status(DRIVER, "n1", "gpu-0", Device("gpu-0")) | {"shareID": result["shareID"]}
-    assert await status.publish(lambda: client, DRIVER, "default", "share", got["metadata"]["uid"], [entry])
-    stored = (await client.get_claim("default", "share"))["status"]["devices"]
-    assert [(d["device"], d.get("shareID")) for d in stored] == [("gpu-0", result["shareID"])]
+    assert await status.publish(lambda: client, DRIVER, "default", "share", uid, [entry])
+    again = await client.get_claim("default", "share")
+    assert again.status is not None
+    assert [(d.device, d.shareID) for d in again.status.devices or ()] == [("gpu-0", result["shareID"])]
 
 
 EXAMPLES = REPO / "deploy" / "examples" / "dra"

@@ -23,7 +23,7 @@ import yaml
 
 from cdiplug.daemon import Daemon
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn
+from cdiplug.testing import KubeletStandIn, started_daemon
 from cdiplug.toolkit.filewatch import FolderWatch
 
 FPGA = "example.com/fpga"
@@ -35,16 +35,9 @@ DEADLINE = 5.0  # generous for a loaded CI machine; the repair itself takes mill
 async def serving(world: World, short_tmp: Path) -> AsyncIterator[tuple[Daemon, KubeletStandIn]]:
     config = short_tmp / "config.yaml"
     config.write_text(yaml.safe_dump({"resources": [{"name": FPGA, "backend": "fake", "options": {"count": 2}}]}))
-    async with KubeletStandIn(world.kubelet_dir) as kubelet:
-        d = Daemon(config, world)
-        task = asyncio.create_task(d.run(handle_signals=False), name="daemon under test")
-        try:
-            await asyncio.wait_for(d.started.wait(), 10)
-            await kubelet.wait_registered(FPGA)
-            yield d, kubelet
-        finally:
-            d.request_stop()
-            assert await asyncio.wait_for(task, 10) == 0
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, started_daemon(config, world) as d:
+        await kubelet.wait_registered(FPGA)
+        yield d, kubelet
 
 
 def spec_is(path: Path, good: bytes) -> bool:
@@ -138,14 +131,22 @@ async def test_every_kind_of_tampering_is_put_right_without_an_allocate(world: W
         assert len(calls) == 1  # the counter counts
 
 
+def remove_at_once(folder: Path, scratch: Path) -> None:
+    """The folder gone in one step: the daemon puts its spec back as soon as rmtree unlinks it,
+    which would make rmtree's own rmdir fail (the folder is not empty again)."""
+    gone = scratch / f"gone-{len(list(scratch.iterdir()))}"
+    folder.rename(gone)
+    shutil.rmtree(gone)
+
+
 async def test_the_folder_removed_or_replaced_by_a_file(world: World, short_tmp: Path) -> None:
     async with serving(world, short_tmp) as (d, kubelet):
         await kubelet.allocate(FPGA, ["fpga-0"])
         good = (world.cdi_dir / SPEC).read_bytes()
-        shutil.rmtree(world.cdi_dir)
+        remove_at_once(world.cdi_dir, short_tmp)
         await until_right(world.cdi_dir, good)
         assert stat.S_IMODE(world.cdi_dir.stat().st_mode) == 0o755
-        shutil.rmtree(world.cdi_dir)
+        remove_at_once(world.cdi_dir, short_tmp)
         world.cdi_dir.write_text("a file in the folder's place")
         await until_right(world.cdi_dir, good)
         assert (world.cdi_dir.parent / "cdi.moved-aside-1").read_text() == "a file in the folder's place"

@@ -12,9 +12,7 @@ from its first milliseconds on, which must neither die nor miss the reload.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from cdiplug.deviceplugin.settings import list_and_watch_size
 from cdiplug.errors import ConfigError
 from cdiplug.frontend import MAX_SOCKET_PATH
 from cdiplug.models.world import World
-from cdiplug.testing import KubeletStandIn, daemon_process, eventually
+from cdiplug.testing import KubeletStandIn, daemon_process, eventually, started_daemon
 
 FPGA = "example.com/fpga"
 
@@ -95,18 +93,6 @@ def test_socket_paths_longer_than_a_unix_address_are_refused(short_tmp: Path) ->
 # -- the daemon: at start, on reload ---------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def running(config: Path, world: World) -> AsyncIterator[Daemon]:
-    d = Daemon(config, world)
-    task = asyncio.create_task(d.run(handle_signals=False), name="daemon under test")
-    try:
-        await asyncio.wait_for(d.started.wait(), 10)
-        yield d
-    finally:
-        d.request_stop()
-        assert await asyncio.wait_for(task, 10) == 0
-
-
 async def test_a_socket_path_too_long_stops_the_start(short_tmp: Path) -> None:
     kubelet_dir = short_tmp / ("k" * 80)
     kubelet_dir.mkdir()
@@ -118,7 +104,7 @@ async def test_a_socket_path_too_long_stops_the_start(short_tmp: Path) -> None:
 
 async def test_reloads_that_fail_in_any_way_keep_the_old_config(world: World, short_tmp: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     path = config_file(short_tmp / "c.yaml", fake(count=2))
-    async with KubeletStandIn(world.kubelet_dir) as kubelet, running(path, world) as d:
+    async with KubeletStandIn(world.kubelet_dir) as kubelet, started_daemon(path, world) as d:
         await kubelet.wait_registered(FPGA)
         config_file(path, fake(count=65536, replicas=64))  # too many for one ListAndWatch
         assert await d.reload() is False

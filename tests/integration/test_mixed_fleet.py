@@ -23,6 +23,7 @@ import yaml
 from cdiplug.backend import BackendPlugin, PluginRegistry, SnapshotSink
 from cdiplug.config import parse_config
 from cdiplug.daemon import Daemon
+from cdiplug.kube.factory import SharedClient
 from cdiplug.kube.own_node import OwnNode
 from cdiplug.models.devices import Device, DeviceSnapshot
 from cdiplug.models.resource import ResourceConfig
@@ -88,8 +89,8 @@ async def test_the_node_label_chooses_the_configuration_live(api: ApiServerStand
     set_label(api, "fast-fpga")
     stop = asyncio.Event()
 
-    def own_node(supervisor: Supervisor) -> OwnNode:
-        return OwnNode(world, supervisor, label_interval=0.05, label_settle=5, event_interval=0.05, backoff=(0.05, 0.2))
+    def own_node(supervisor: Supervisor, kube: SharedClient) -> OwnNode:
+        return OwnNode(world, supervisor, kube, label_interval=0.05, label_settle=5, event_interval=0.05, backoff=(0.05, 0.2))
 
     daemon = Daemon(config, world, stop=stop, own_node=own_node)
     async with KubeletStandIn(world.kubelet_dir) as kubelet:

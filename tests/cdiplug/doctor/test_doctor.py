@@ -18,6 +18,7 @@ from cdiplug.doctor import RuntimeFiles, backend_findings, examine
 from cdiplug.models.checks import Finding, Verdict
 from cdiplug.models.world import World
 from cdiplug_backends import fake, pci
+from cdiplug_backends.generic.testing import FakeDev
 from cdiplug_backends.nvidia import make_plugin as nvidia_plugin
 from cdiplug_backends.nvidia.testing import FakeGpu, FakeNvml
 from cdiplug_backends.pci.testing import SysfsTree
@@ -229,6 +230,34 @@ async def test_nvidia_driver_and_nvml(world: World, tmp_path: Path) -> None:
         f"problem: NVIDIA driver: not loaded (no {world.sysfs_root}/module/nvidia) (fix: install the NVIDIA driver"
     )
     assert lines[1].startswith("problem: NVML: does not answer:")
+
+
+GENERIC = (
+    "resources:\n"
+    "  - name: example.com/serial\n"
+    "    backend: generic\n"
+    "    options: {groups: [{paths: [{path: /dev/ttyUSB*}]}, {paths: [{path: /dev/fuse}, {path: /dev/net/tun, optional: true}]}]}\n"
+)
+
+
+async def test_generic_says_what_each_path_matches_now(world: World, tmp_path: Path) -> None:
+    FakeDev(world.dev_root).node("/dev/fuse", 10, 229)
+    lines = [f.line() for f in await findings_for(world, GENERIC, tmp_path)]
+    assert lines[0] == (
+        "warning: /dev/ttyUSB*: example.com/serial: options.groups[0].paths[0]: matched nothing "
+        "(fix: plug the device in, or fix the glob or selector (cdiplug discover lists what this node has))"
+    )
+    assert lines[1] == "ok: /dev/fuse: example.com/serial: options.groups[1].paths[0]: matched /dev/fuse (c 10:229)"
+    assert lines[2] == "ok: /dev/net/tun: example.com/serial: options.groups[1].paths[1]: matched nothing (optional)"
+    FakeDev(world.dev_root).node("/dev/ttyUSB0", 188, 0)
+    found = await findings_for(world, GENERIC, tmp_path)
+    assert {f.verdict for f in found} == {Verdict.OK}, [f.line() for f in found]
+
+
+async def test_generic_with_nothing_on_the_node_warns_and_doctor_still_passes(world: World, tmp_path: Path) -> None:
+    found = await findings_for(world, GENERIC, tmp_path)
+    assert found[-1].line().startswith("warning: devices: example.com/serial: none found on this node now")
+    assert Verdict.PROBLEM not in {f.verdict for f in found}  # an unplugged device is no reason for exit 1
 
 
 async def test_examine_with_the_fake_backend(node: World, tmp_path: Path) -> None:

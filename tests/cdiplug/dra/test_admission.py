@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube.resources.resource_v1 import DeviceClass
 
 from cdiplug.cli.webhook import drivers_of
 from cdiplug.dra import claim_config
@@ -148,9 +149,9 @@ async def test_checks_across_fields_see_the_class_configuration(drivers: dict[st
         }
     }
 
-    async def read_class(name: str) -> dict[str, Any]:
+    async def read_class(name: str) -> DeviceClass:
         assert name == "gpu-mps"
-        return mps_class
+        return DeviceClass.from_dict(mps_class)
 
     assert await review(gpu_claim, "ResourceClaim", drivers, read_class) is None
 

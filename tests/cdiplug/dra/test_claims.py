@@ -4,7 +4,9 @@ Claims: only results of our driver in our pool, in order; our opaque configurati
 ones before claim ones, each applying to the requests it names (a request covers its
 subrequests); a replaced, unallocated or malformed claim is an InvalidRequest naming the claim and
 the field, bounded in length, whatever the hostile input (1 MiB names, 10,000 results, deep or
-huge parameters). Specs: kind ``k8s.<driver>/claim``, devices ``<uid>-<name>``, the claim's ID
+huge parameters); a field of the wrong type is refused by the client as it reads the claim (over
+HTTP, from the API-server stand-in), naming the claim and the field, and what the client reads
+carries everything a prepare takes from the claim. Specs: kind ``k8s.<driver>/claim``, devices ``<uid>-<name>``, the claim's ID
 env, 0644, stale ones removed but kept ones left; a bad UID never becomes a path.
 """
 
@@ -14,16 +16,26 @@ import json
 from pathlib import Path
 
 import pytest
+from lightkube.resources.resource_v1 import ResourceClaim
 
-from cdiplug.dra import claimspec
-from cdiplug.dra.claims import AllocatedDevice, ClaimRef, ConfigEntry, ConfigSource, allocated
-from cdiplug.errors import CdiError, InvalidRequest
+from cdiplug.dra import claims, claimspec
+from cdiplug.dra.claims import AllocatedClaim, AllocatedDevice, ClaimRef, ConfigEntry, ConfigSource
+from cdiplug.dra.plan import read_claim
+from cdiplug.errors import CdiError, InvalidRequest, KubernetesError
 from cdiplug.host import SpecKeepers
+from cdiplug.kube.client import KubeClient
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
 from cdiplug.models.instance import Instance
+from cdiplug.testing import ApiServerStandIn
 
 UID = "0b0c7f6e-1111-2222-3333-444455556666"
 REF = ClaimRef("ns", "c", UID)
+
+
+def allocated(obj: dict[str, object], ref: ClaimRef, driver: str, pool: str) -> AllocatedClaim:
+    """The claim ``obj`` (JSON) read as the client reads it, then as the DRA front end does (a
+    field of the wrong type is the client's to refuse: the last test here)."""
+    return claims.allocated(ResourceClaim.from_dict(obj), ref, driver, pool)
 
 
 def claim(results: list[dict[str, str]], uid: str = UID) -> dict[str, object]:
@@ -49,8 +61,8 @@ def test_allocated_picks_our_driver_and_pool() -> None:
         (claim([], uid="other"), "replaced"),
         ({"metadata": {"uid": UID}, "status": {}}, "not allocated"),
         (
-            claim([{"driver": "d.example.com", "pool": "n1"}]),
-            r"must be a non-empty string, got None @ \$\.status\.allocation\.devices\.results\[0\]\.request",
+            claim([{"request": "", "driver": "d.example.com", "pool": "n1", "device": "x"}]),
+            r"must be a non-empty string, got '' @ \$\.status\.allocation\.devices\.results\[0\]\.request",
         ),
     ],
 )
@@ -143,10 +155,8 @@ def deep(n: int) -> object:
 @pytest.mark.parametrize(
     ("configs", "field", "message"),
     [
-        (["x"], "config[0]", "must be an object, got str"),
         ([opaque("FromElsewhere", {})], "config[0].source", "must be FromClass or FromClaim"),
-        ([opaque("FromClaim", [1, 2])], "config[0].opaque.parameters", "must be an object, got list"),
-        ([opaque("FromClaim", {}, requests=[7])], "config[0].requests[0]", "must be a non-empty string"),
+        ([opaque("FromClaim", {}, requests=[""])], "config[0].requests[0]", "must be a non-empty string"),
         ([opaque("FromClaim", deep(40))], "config[0].opaque.parameters", "nests deeper than 32"),
         ([opaque("FromClaim", {"big": "x" * (70 << 10)})], "config[0].opaque.parameters", "more than 65,536"),
         ([opaque("FromClaim", {})] * 65, "config", "65 entries, more than 64"),
@@ -166,9 +176,12 @@ def test_bad_configuration_names_the_claim_and_field(configs: list[object], fiel
     ("results", "field"),
     [
         ([{"request": "a", "driver": "d.example.com", "pool": "n1", "device": "x" * (1 << 20)}], "results[0].device"),
-        ([{"request": b"\xff".decode("latin-1"), "driver": "d.example.com", "pool": "n1", "device": 5}], "results[0].device"),
+        ([{"request": "a", "driver": "d.example.com", "pool": "n1", "device": "x", "shareID": "../x"}], "results[0].shareID"),
+        (
+            [{"request": "a", "driver": "d.example.com", "pool": "n1", "device": "x", "consumedCapacity": {"m": "lots"}}],
+            "results[0].consumedCapacity.m",
+        ),
         ([{"request": "a", "driver": "d.example.com", "pool": "n1", "device": "x"}] * 10_000, "results"),
-        (["not an object"], "results[0]"),
     ],
 )
 def test_hostile_results_are_one_bounded_error(results: list[object], field: str) -> None:
@@ -176,3 +189,50 @@ def test_hostile_results_are_one_bounded_error(results: list[object], field: str
         allocated(claim(results), REF, "d.example.com", "n1")  # type: ignore[arg-type]
     text = str(caught.value)
     assert text.endswith(f"@ $.status.allocation.devices.{field}") and len(text) < 400
+
+
+def result(**fields: object) -> dict[str, object]:
+    return {"request": "gpu", "driver": "d.example.com", "pool": "n1", "device": "x"} | fields
+
+
+async def test_the_client_reads_a_claim_with_all_that_prepare_takes_from_it(api: ApiServerStandIn, client: KubeClient) -> None:
+    """The client's ResourceClaim, as read over HTTP, carries what a prepare reads: the UID, our
+    results with their shares, capacity and admin access, our configuration in precedence order,
+    and the pod's name for the claim."""
+    share = "5e2b7c1a-0000-4000-8000-000000000001"
+    results = [result(shareID=share, consumedCapacity={"memory": "4Gi"}, adminAccess=True), result(driver="other.example.com")]
+    configs = [opaque("FromClaim", {"mode": "claim"}, requests=["gpu"]), opaque("FromClass", {"mode": "class"})]
+    meta = {"name": "c", "namespace": "ns", "uid": UID, "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}}
+    api.put_claim({"metadata": meta, "status": {"allocation": {"devices": {"results": results, "config": configs}}}})
+    read = await read_claim(client, REF, "d.example.com", "n1", pod_claim=True)
+    assert read.claim.results == (AllocatedDevice("gpu", "n1", "x", share, (("memory", "4Gi"),), admin_access=True),)
+    assert [(c.source, c.requests, dict(c.parameters)) for c in read.claim.configs] == [
+        (ConfigSource.CLASS, (), {"mode": "class"}),
+        (ConfigSource.CLAIM, ("gpu",), {"mode": "claim"}),
+    ]
+    assert read.pod_claim == "gpu"
+
+
+@pytest.mark.parametrize(
+    ("devices", "field", "message"),
+    [
+        ({"results": [result(device=5)]}, "results[0].device", "Expected str, got int"),
+        ({"results": ["not an object"]}, "results[0]", "Expected object, got str"),
+        ({"results": [{"driver": "d.example.com", "pool": "n1", "device": "x"}]}, "results[0]", "missing required field request"),
+        ({"results": [result(adminAccess="yes")]}, "results[0].adminAccess", "Expected bool | null, got str"),
+        ({"config": ["x"]}, "config[0]", "Expected object, got str"),
+        ({"config": [opaque("FromClaim", [1, 2])]}, "config[0].opaque.parameters", "Expected object, got array"),
+        ({"config": [opaque("FromClaim", "not json {")]}, "config[0].opaque.parameters", "Expected object, got str"),
+        ({"config": [opaque("FromClaim", {}, requests=[7])]}, "config[0].requests[0]", "Expected str, got int"),
+    ],
+)
+async def test_a_claim_with_a_field_of_the_wrong_type_is_refused_as_it_is_read(
+    api: ApiServerStandIn, client: KubeClient, devices: dict[str, object], field: str, message: str
+) -> None:
+    """The client refuses it, naming the claim and the field; the daemon answers that claim with the error."""
+    api.put_claim({"metadata": {"name": "c", "namespace": "ns", "uid": UID}, "status": {"allocation": {"devices": devices}}})
+    with pytest.raises(KubernetesError) as caught:
+        await read_claim(client, REF, "d.example.com", "n1")
+    text = str(caught.value)
+    assert text.startswith("cannot read ResourceClaim ns/c on ") and message in text, text
+    assert text.endswith(f"@ $.status.allocation.devices.{field}") and len(text) < 400, text

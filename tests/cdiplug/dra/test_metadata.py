@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from cdiplug.dra import claimspec, metadata
 from cdiplug.dra.checkpoint import PreparedClaim, PreparedDevice
@@ -97,7 +98,7 @@ def test_the_claim_spec_mounts_each_request_into_its_devices_read_only(tmp_path:
 
 def test_a_claim_made_from_a_template_is_found_by_its_pod_claim_name(tmp_path: Path) -> None:
     obj = {"metadata": {"name": "pod-x-gpu-abcde", "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}}}
-    pod_claim = metadata.pod_claim_name(obj)
+    pod_claim = metadata.pod_claim_name(ResourceClaim.from_dict(obj))
     assert pod_claim == "gpu"
     rec = record(name="pod-x-gpu-abcde")
     (path, _) = metadata.write(tmp_path, rec, devices(), pod_claim)
@@ -108,14 +109,16 @@ def test_a_claim_made_from_a_template_is_found_by_its_pod_claim_name(tmp_path: P
         f"/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpu/{DRIVER}-metadata.json"
     )
     assert mount.host_path == str(tmp_path / DRIVER / "dra-device-metadata" / "default_pod-x-gpu-abcde" / "gpu" / "metadata.json")
-    assert metadata.pod_claim_name({"metadata": {"name": "direct"}}) is None
+    assert metadata.pod_claim_name(ResourceClaim.from_dict({"metadata": {"name": "direct"}})) is None
     assert metadata.written_pod_claim(tmp_path, record(name="never-written")) is None
 
 
 @pytest.mark.parametrize("value", ["../x", "A", 5, "a" * 64])
 def test_a_hostile_pod_claim_annotation_is_refused(value: object) -> None:
     with pytest.raises(InvalidRequest, match="resource.kubernetes.io/pod-claim-name"):
-        metadata.pod_claim_name({"metadata": {"annotations": {"resource.kubernetes.io/pod-claim-name": value}}})
+        metadata.pod_claim_name(
+            ResourceClaim.from_dict({"metadata": {"annotations": {"resource.kubernetes.io/pod-claim-name": value}}})
+        )
 
 
 def test_without_mounts_the_claim_spec_is_as_before(tmp_path: Path) -> None:

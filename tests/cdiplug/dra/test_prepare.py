@@ -23,34 +23,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin
 from cdiplug.dra.checkpoint import ClaimState, ClaimStore, PreparedClaim, PreparedDevice
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.instances import InstanceLock
 from cdiplug.dra.prepare import ClaimPreparer, NodeContext
 from cdiplug.dra.rollback import roll_back_started
-from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import DeviceUnavailable, KubernetesError, PreparationError
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
-from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend
 from cdiplug.toolkit.supervisor import Supervisor
 
 RESOURCE = "example.com/nic"
 DRIVER = "nic.example.com"
-
-
-@attrs.frozen
-class Options:
-    pass
 
 
 class Recording(RecordingBackend):
@@ -59,19 +51,13 @@ class Recording(RecordingBackend):
         return DeviceSnapshot(RESOURCE, devices, ids_env="NIC_IDS")
 
 
-PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
+PLUGIN = Recording.plugin()
+RC = Recording.dra_resource(RESOURCE, DRIVER)
 
 
 class Claims(ClaimsAtSeam):
     def __init__(self) -> None:
         super().__init__(DRIVER, "n1")
-
-
-@pytest.fixture
-async def host(world: World) -> AsyncIterator[BackendHost]:
-    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
-        yield host
 
 
 class Observed:
@@ -104,10 +90,8 @@ POD_A = "aaaaaaaa-1111-4000-8000-000000000001"
 POD_B = "bbbbbbbb-1111-4000-8000-000000000002"
 
 
-async def test_prepare_release_and_restart(host: BackendHost, world: World) -> None:
+async def test_prepare_release_and_restart(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = preparer(host, world, claims, store)
     backend: Recording = Recording.last
     a = claims.add(UID_A, ["nic-0", "nic-1"])
@@ -152,10 +136,10 @@ def on_disk(world: World) -> dict[str, Any]:
     return json.loads((world.state_dir / "dra-claims.json").read_text())["claims"]
 
 
-async def test_prepare_started_is_on_disk_before_the_backend_is_called(host: BackendHost, world: World) -> None:
+async def test_prepare_started_is_on_disk_before_the_backend_is_called(
+    host: BackendHost, world: World, store: ClaimStore
+) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     observed = Observed()
     prep = preparer(host, world, claims, store, observed)
     backend: Recording = Recording.last
@@ -179,10 +163,8 @@ async def test_prepare_started_is_on_disk_before_the_backend_is_called(host: Bac
     assert observed.prepared_now == [1, 2, 2, 1]
 
 
-async def test_a_failed_preparation_is_rolled_back(host: BackendHost, world: World) -> None:
+async def test_a_failed_preparation_is_rolled_back(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     observed = Observed()
     prep = preparer(host, world, claims, store, observed)
     backend: Recording = Recording.last
@@ -224,10 +206,8 @@ async def left_started(host: BackendHost, world: World, claims: Claims, store: C
     return ref
 
 
-async def test_unprepare_releases_a_claim_left_started(host: BackendHost, world: World) -> None:
+async def test_unprepare_releases_a_claim_left_started(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     ref = await left_started(host, world, claims, store)
     restarted = ClaimStore(world.state_dir)
     await restarted.load()
@@ -235,20 +215,18 @@ async def test_unprepare_releases_a_claim_left_started(host: BackendHost, world:
     assert Recording.last.released == [["nic-0"]] and restarted.all() == [] and on_disk(world) == {}
 
 
-async def test_a_repeated_prepare_of_a_started_claim_prepares_it_afresh(host: BackendHost, world: World) -> None:
+async def test_a_repeated_prepare_of_a_started_claim_prepares_it_afresh(
+    host: BackendHost, world: World, store: ClaimStore
+) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     ref = await left_started(host, world, claims, store)
     done = await preparer(host, world, claims, store).prepare(ref)
     assert done.completed and (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").exists()
     assert on_disk(world)[UID_A]["state"] == "PrepareCompleted"
 
 
-async def test_at_start_a_claim_left_started_is_rolled_back(host: BackendHost, world: World) -> None:
+async def test_at_start_a_claim_left_started_is_rolled_back(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     await left_started(host, world, claims, store)
     done_b = await preparer(host, world, claims, store).prepare(claims.add(UID_B, ["nic-1"]))
     (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").write_text("{}")  # as if the spec had been written
@@ -304,16 +282,15 @@ def spec_of(world: World, uid: str) -> Any:
     return json.loads((world.cdi_dir / f"cdiplug-claim-{uid}.json").read_text())
 
 
-async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: BackendHost, world: World) -> None:
+async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = ClaimPreparer(RC, NodeContext("n1", boot_id="boot-1"), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     a = claims.add(UID_A, ["nic-0"])
     await prep.prepare(a)
     before = spec_of(world, UID_A)
     assert store.get(UID_A) is not None and store.get(UID_A).boot_id == "boot-1"  # type: ignore[union-attr]
-    (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").unlink()  # a restart on the same boot, the folder wiped
+    # A restart on the same boot, the folder wiped: the old daemon no longer keeps the file.
+    assert await host.specs.drop_file(f"cdiplug-claim-{UID_A}.json")
 
     store2 = ClaimStore(world.state_dir)
     await store2.load()
@@ -327,16 +304,14 @@ async def test_a_wiped_cdi_folder_is_restored_without_preparing_again(host: Back
     assert await prep2.restore(snapshot) == 0  # once
 
 
-async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost, world: World) -> None:
+async def test_a_claim_from_an_earlier_boot_is_prepared_again(host: BackendHost, world: World, store: ClaimStore) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = ClaimPreparer(RC, NodeContext("n1", boot_id="boot-1"), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
     backend: Recording = Recording.last
     a, b = claims.add(UID_A, ["nic-0"]), claims.add(UID_B, ["nic-1"])
     first = await prep.prepare(a)
     await prep.prepare(b)
-    (world.cdi_dir / f"cdiplug-claim-{UID_A}.json").unlink()  # the tmpfs is gone; B's spec happens to be there
+    assert await host.specs.drop_file(f"cdiplug-claim-{UID_A}.json")  # the tmpfs is gone; B's spec happens to be there
 
     # After the reboot: a new host would have no memory of preparations; forget ours to be that host.
     host.preparations(RESOURCE)._prepared.clear()

@@ -17,32 +17,25 @@ the new fields (an earlier cdiplug) loads as plain preparations.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin, CheckedOptions, ClaimConfigurable, Configured
+from cdiplug.backend import CheckedOptions, ClaimConfigurable, Configured
 from cdiplug.dra.checkpoint import ClaimStore, decode
 from cdiplug.dra.prepare import ClaimPreparer, NodeContext
-from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, DeviceSnapshot
-from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.world import World
-from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend
 
 RESOURCE = "example.com/nic"
 DRIVER = "nic.example.com"
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"
 UID_B = "bbbbbbbb-0000-0000-0000-000000000002"
-
-
-@attrs.frozen
-class Options:
-    pass
 
 
 @attrs.frozen
@@ -76,8 +69,8 @@ class Recording(RecordingBackend, ClaimConfigurable[RecConfig]):
         return Configured(attrs.evolve(device, edits=device.edits.merge(edits)), release=not config.keep)
 
 
-PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
+PLUGIN = Recording.plugin()
+RC = Recording.dra_resource(RESOURCE, DRIVER)
 
 
 def params(**fields: Any) -> dict[str, Any]:
@@ -87,12 +80,6 @@ def params(**fields: Any) -> dict[str, Any]:
 class Claims(ClaimsAtSeam):
     def __init__(self) -> None:
         super().__init__(DRIVER, "n1")
-
-
-@pytest.fixture
-async def host(world: World) -> AsyncIterator[BackendHost]:
-    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
-        yield host
 
 
 async def setup(host: BackendHost, world: World, boot_id: str | None = None) -> tuple[ClaimPreparer, Claims, ClaimStore]:
@@ -179,7 +166,7 @@ async def test_after_a_reboot_a_configured_claim_is_restored_as_prepared(host: B
     await prep.prepare(b)
     before = {uid: spec_of(world, uid) for uid in (UID_A, UID_B)}
     for uid in (UID_A, UID_B):
-        (world.cdi_dir / f"cdiplug-claim-{uid}.json").unlink()
+        assert await host.specs.drop_file(f"cdiplug-claim-{uid}.json")  # the old daemon keeps it no more
     host.preparations(RESOURCE)._prepared.clear()
     prep2, _, _ = await setup(host, world, boot_id="boot-2")
     snapshot = host.latest(RESOURCE)

@@ -16,34 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 import pytest
 
-from cdiplug.backend import BackendPlugin
 from cdiplug.dra.checkpoint import ClaimStore
 from cdiplug.dra.claims import ClaimRef
 from cdiplug.dra.prepare import ClaimPreparer, NodeContext
-from cdiplug.dra.settings import DraSettings
 from cdiplug.errors import InvalidRequest
 from cdiplug.host import BackendHost
 from cdiplug.models.devices import ContainerEdits, Device, DeviceSnapshot
-from cdiplug.models.resource import Api, ResourceConfig
 from cdiplug.models.sharing import DeviceSharing, RequestPolicy
 from cdiplug.models.world import World
-from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend, hosted_backend
+from cdiplug.testing.dra_claims import ClaimsAtSeam, RecordingBackend
 
 RESOURCE = "example.com/gpu"
 DRIVER = "gpu.example.com"
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"
 UID_B = "bbbbbbbb-0000-0000-0000-000000000002"
-
-
-@attrs.frozen
-class Options:
-    pass
 
 
 class Recording(RecordingBackend):
@@ -63,8 +53,8 @@ class Recording(RecordingBackend):
         return device
 
 
-PLUGIN = BackendPlugin(name="rec", options_type=Options, create=Recording)
-RC = ResourceConfig(RESOURCE, "rec", Options(), api=Api.DRA, settings=DraSettings(dra_driver=DRIVER))
+PLUGIN = Recording.plugin()
+RC = Recording.dra_resource(RESOURCE, DRIVER)
 
 
 class Claims(ClaimsAtSeam):
@@ -82,12 +72,6 @@ class Claims(ClaimsAtSeam):
         )
 
 
-@pytest.fixture
-async def host(world: World) -> AsyncIterator[BackendHost]:
-    async with hosted_backend(world, RC, {"rec": PLUGIN}, timeout=5) as host:
-        yield host
-
-
 def preparer(host: BackendHost, world: World, claims: Claims, store: ClaimStore) -> ClaimPreparer:
     return ClaimPreparer(RC, NodeContext("n1"), host, store, lambda: claims)  # type: ignore[arg-type, return-value]
 
@@ -100,10 +84,10 @@ def env_of(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"]) for d in spec["devices"]}
 
 
-async def test_shares_of_one_device_are_named_apart_and_told_what_they_consumed(host: BackendHost, world: World) -> None:
+async def test_shares_of_one_device_are_named_apart_and_told_what_they_consumed(
+    host: BackendHost, world: World, store: ClaimStore
+) -> None:
     claims = Claims()
-    store = ClaimStore(world.state_dir)
-    await store.load()
     prep = preparer(host, world, claims, store)
     backend: Recording = Recording.last
     a = claims.add(UID_A, [("gpu-0", "s1a2b", "30Gi")])

@@ -19,9 +19,8 @@ from pathlib import Path
 import attrs
 
 from cdiplug.config import Config
-from cdiplug.daemon import Daemon
 from cdiplug.models.world import World
-from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
+from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn, started_daemon
 from cdiplug.testing.dra_kubelet import DraPluginConnection
 from cdiplug.testing.dra_objects import allocated_claim, claim_ref
 from cdiplug.toolkit.filewatch import FolderWatch
@@ -36,16 +35,10 @@ claim = partial(allocated_claim, driver=DRIVER, pool=NODE)
 
 @contextlib.asynccontextmanager
 async def serving(config: Config, world: World, kubelet: DraKubeletStandIn) -> AsyncIterator[DraPluginConnection]:
-    d = Daemon(config, world)
-    task = asyncio.create_task(d.run(handle_signals=False), name="daemon under test")
-    try:
-        await asyncio.wait_for(d.started.wait(), 10)
+    async with started_daemon(config, world) as d:
         assert d.node is not None
         await asyncio.wait_for(d.node.host.specs.armed.wait(), DEADLINE)
         yield await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
-    finally:
-        d.request_stop()
-        assert await asyncio.wait_for(task, 10) == 0
 
 
 async def until(folder: Path, check: Callable[[], bool]) -> float:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cdiplug.config import Config
 from cdiplug.models.world import World
 from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn, KubeletStandIn
@@ -25,6 +27,9 @@ from cdiplug.testing.daemon import running_daemon
 from cdiplug.testing.dra_objects import allocated_claim, claim_ref
 from cdiplug.testing.poll import eventually
 from cdiplug.testing.prometheus import RealPrometheus, free_port
+
+# a real Prometheus and an alert's 1 m "for": over a minute (hack/test.sh --fast leaves it out)
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus" / "cdiplug-rules.yaml"
