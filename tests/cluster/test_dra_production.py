@@ -194,7 +194,14 @@ def test_a_health_change_reaches_the_pod_within_2_s_and_a_recovery_untaints(prod
     apply(template(), pod("sick", from_template="one-fpga"))
     ready(prod, "sick")
     device = fpga_of(prod, "sick")
-    assert health_of(prod.get("pod/sick", TEST_NAMESPACE)) == {"Healthy"}
+    # The kubelet shows Unknown until the driver's health stream has spoken of the device.
+    prod.watch(
+        "pod/sick",
+        lambda found: health_of(found) == {"Healthy"},
+        namespace=TEST_NAMESPACE,
+        what="the pod's device Healthy",
+        timeout=30,
+    )
 
     def timed_change(text: str, want: str) -> float:
         """Seconds from writing the health file to the pod's status showing ``want`` (watch first, then write)."""
