@@ -18,7 +18,9 @@ errors become answers in one place (:func:`error_message`):
   protobuf cannot parse (a string that is not UTF-8) is INVALID_ARGUMENT naming the field
   (:mod:`cdiplug.wire.lenient`), and claim names quoted in errors and logs are cut (:mod:`cdiplug.toolkit.brief`);
 - errors that are not cdiplug's own are bugs: logged with their traceback, answered as an
-  ``error`` naming their type, never a crash of the server.
+  ``error`` naming their type, never a crash of the server;
+- each call is handled :func:`~.handler.after_answer` of an event its done callback sets, so a
+  handler's background work for it begins once the kubelet has the answer.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import grpc
 from cdiplug.api import dra_v1_pb2, dra_v1beta1_pb2
 from cdiplug.dra.checkpoint import PreparedClaim
 from cdiplug.dra.claims import ClaimRef
-from cdiplug.dra.handler import ClaimHandler
+from cdiplug.dra.handler import ClaimHandler, after_answer
 from cdiplug.errors import CdiplugError, InvalidRequest
 from cdiplug.toolkit.brief import brief
 from cdiplug.wire.lenient import Rpc, Undecodable, add_lenient_service
@@ -66,6 +68,14 @@ def error_message(exc: BaseException) -> str:
     if isinstance(exc, CdiplugError):
         return str(exc)
     return f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _answered(context: grpc.aio.ServicerContext[Any, Any]) -> asyncio.Event:
+    """Set once the call has ended (its answer sent): the claims' status writes wait for it."""
+    answered = asyncio.Event()
+    # (grpc-stubs type the callback as a class of theirs rather than a callable of the context)
+    context.add_done_callback(lambda _: answered.set())  # type: ignore[arg-type]
+    return answered
 
 
 async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -116,7 +126,8 @@ class _Plugin:
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await _refuse_undecodable(request, context)
-        answers = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
+        with after_answer(_answered(context)):
+            answers = await asyncio.gather(*(self._prepare_one(c) for c in request.claims))
         response = self.pb.NodePrepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
             response.claims[claim.uid].CopyFrom(answer)
@@ -124,7 +135,8 @@ class _Plugin:
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await _refuse_undecodable(request, context)
-        answers = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
+        with after_answer(_answered(context)):
+            answers = await asyncio.gather(*(self._unprepare_one(c) for c in request.claims))
         response = self.pb.NodeUnprepareResourcesResponse()
         for claim, answer in zip(request.claims, answers):
             response.claims[claim.uid].CopyFrom(answer)

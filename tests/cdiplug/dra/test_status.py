@@ -7,7 +7,9 @@ device); data too large for the API server is cut to the ID; the apply body (UID
 devices key when clearing); publish applies with the driver's own field manager and never raises
 (a refused write, an unanswered one within its bound, a client without the call), and treats a
 claim already gone as cleared; a driver's background writes are bounded in number, in order per
-claim, and one still waiting is replaced by a newer one of its claim.
+claim, and one still waiting is replaced by a newer one of its claim; one asked for while a
+kubelet's call is handled begins once that call's answer is sent (or after a bound when it never
+is), one asked for outside a call at once.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any
 import pytest
 
 from cdiplug.dra import status, statuswriter
+from cdiplug.dra.handler import after_answer
 from cdiplug.errors import KubernetesError
 from cdiplug.models.devices import ContainerEdits, Device, DeviceNode, Version
+from cdiplug.testing.poll import eventually
 
 PCI = Device(
     "0000:3b:00.0",
@@ -157,3 +161,25 @@ async def test_status_writes_are_bounded_in_order_and_a_waiting_one_is_replaced(
     assert client.most == statuswriter.WRITERS
     written = {name: bool(body["status"]) for _, name, body, _ in client.calls}
     assert len(client.calls) == len(claims) and written[late] is False and all(written[n] for n in claims[:-1])
+
+
+async def test_a_status_write_begins_once_the_answer_of_its_call_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = Client()
+    writer = statuswriter.StatusWriter(lambda: client, "d.example.com")  # type: ignore[arg-type,return-value]
+    entry = [status.device_status("d.example.com", "n1", "dev", Device("dev"))]
+    answered = asyncio.Event()
+    with after_answer(answered):
+        writer.write("ns", "during", "u-during", entry)
+    writer.write("ns", "outside", "u-outside", entry)  # no call: at once
+    await eventually(lambda: client.calls, "the write outside a call")
+    await asyncio.sleep(0)  # one more turn of the loop for every writer: "during" waits on its call's answer
+    assert [name for _, name, _, _ in client.calls] == ["outside"]
+    answered.set()
+    await asyncio.wait_for(writer.settled(), 5)
+    assert [name for _, name, _, _ in client.calls] == ["outside", "during"]
+
+    monkeypatch.setattr(statuswriter, "ANSWER_WAIT", 0.05)
+    with after_answer(asyncio.Event()):  # a call whose end never comes: written after the bound
+        writer.write("ns", "never", "u-never", entry)
+    await asyncio.wait_for(writer.settled(), 5)
+    assert client.calls[-1][1] == "never"

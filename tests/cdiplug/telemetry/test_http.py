@@ -109,7 +109,9 @@ async def test_silent_and_trickling_clients_are_dropped() -> None:
                 await asyncio.sleep(0.01)  # a slow-loris client: one byte at a time, never done
                 if reader.at_eof():
                     break
-        assert await asyncio.wait_for(reader.read(), 10) == b""
+        # dropped without a word: an end of file, or a reset where bytes it sent were still unread
+        with contextlib.suppress(ConnectionResetError):
+            assert await asyncio.wait_for(reader.read(), 10) == b""
         writer.close()
         assert server.stats["timed_out"] == 2 and server.connections == 0
 
