@@ -27,32 +27,39 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
 from cdiplug.sdk import ContainerEdits, CounterConsumption, CounterSet, Device, DeviceSharing, RequestPolicy, converter
 
+if TYPE_CHECKING:
+    from fractions import Fraction
+
 MAX_PARTS = 32  # counters per counter set (resource.k8s.io/v1)
 MAX_VALID_VALUES = 10  # the API's limit
 
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?")
-_SUFFIX: dict[str | None, Fraction] = {
-    None: Fraction(1),
-    "m": Fraction(1, 1000),
-    **{s: Fraction(1000**i) for i, s in enumerate(("k", "M", "G", "T", "P", "E"), 1)},
-    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+_SUFFIX: dict[str | None, tuple[int, int]] = {  # suffix -> (multiplier, divisor)
+    None: (1, 1),
+    "m": (1, 1000),
+    **{s: (1000**i, 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"), 1)},
+    **{s: (1024**i, 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
 }
 _CAPACITY_NAME = re.compile(r"[a-z]([a-z0-9_]{0,30}[a-z0-9])?")
 
 
 def quantity(text: str) -> Fraction | None:
     """A Kubernetes quantity (``80Gi``, ``1.5``, ``500m``) as a number; None when it is none we take."""
+    # Imported here: fractions (and decimal, which it imports) are half a MiB of memory that a
+    # daemon without capacities never needs.
+    from fractions import Fraction
+
     m = _QUANTITY.fullmatch(text)
     if m is None or len(text) > 32:
         return None
-    amount: Fraction = Fraction(m.group(1)) * _SUFFIX[m.group(2)]
+    multiplier, divisor = _SUFFIX[m.group(2)]
+    amount: Fraction = Fraction(m.group(1)) * multiplier / divisor
     return amount
 
 
