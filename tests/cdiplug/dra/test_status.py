@@ -171,8 +171,8 @@ async def test_a_status_write_begins_once_the_answer_of_its_call_is_sent(monkeyp
     with after_answer(answered):
         writer.write("ns", "during", "u-during", entry)
     writer.write("ns", "outside", "u-outside", entry)  # no call: at once
+    # "during" was asked for first: had it not waited for its call's answer, it would be written first
     await eventually(lambda: client.calls, "the write outside a call")
-    await asyncio.sleep(0)  # one more turn of the loop for every writer: "during" waits on its call's answer
     assert [name for _, name, _, _ in client.calls] == ["outside"]
     answered.set()
     await asyncio.wait_for(writer.settled(), 5)
