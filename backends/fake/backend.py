@@ -178,6 +178,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
             numa: list[tuple[int, ...]] = [(node,) for node in opts.numa_nodes] or [()]
             capacity = {name: c.value for name, c in opts.capacity.items()}
             policies = {name: p for name, c in opts.capacity.items() if (p := c.policy) is not None}
+            unshared = DeviceSharing(capacity_policies=policies)  # one value for every device, unless shared
             devices = tuple(
                 Device(
                     id=f"{cls}-{i}",
@@ -186,10 +187,12 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
                     attributes=model + tuple(opts.attributes.get(f"{cls}-{i}", {}).items()),
                     capacity=capacity,
                     sharing=DeviceSharing(
-                        shared=opts.shared,
+                        shared=True,
                         capacity_policies=policies,
-                        capacity_env={name: f"{prefix}_{name.upper()}_{i}" for name in opts.capacity} if opts.shared else {},
-                    ),
+                        capacity_env={name: f"{prefix}_{name.upper()}_{i}" for name in opts.capacity},
+                    )
+                    if opts.shared
+                    else unshared,
                 )
                 for i in range(opts.count)
             )

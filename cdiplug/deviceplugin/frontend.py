@@ -156,6 +156,7 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
         await register(self.world.kubelet_socket, registration, timeout=self.register_timeout)
         self.recorder.registered(res.name, again=res.registrations > 0)
         res.registrations += 1
+        res.registered.set()
 
     async def _reregister(self, resources: Iterable[ServedResource], reserve: bool = False) -> None:
         """Register again: pending tries are dropped, old streams end first (re-serving if asked)."""

@@ -8,7 +8,9 @@ spec on disk (a failure is logged; Allocate asks again and fails clearly). The k
 first, whatever changed: an Allocate that names CDI devices waits for the keeper anyway (it asks
 "is the spec holding these devices on disk" before it answers), so nothing can use a device whose
 spec is not written, and at start-up the kubelet learns the devices without waiting for every
-resource's spec to be built.
+resource's spec to be built. The first spec even waits until the resource is registered (at most
+:data:`FIRST_SPEC_WAIT`): a spec is rendered in a worker thread, which holds the interpreter in
+slices of milliseconds that the Register calls of every resource would otherwise queue behind.
 
 The boundary: this module moves snapshots along one resource's pipeline; when tasks run, register
 and stop is the front end's business (:mod:`cdiplug.deviceplugin.frontend`).
@@ -17,6 +19,7 @@ and stop is the front end's business (:mod:`cdiplug.deviceplugin.frontend`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 
@@ -29,6 +32,8 @@ from cdiplug.models.resource import ResourceConfig
 from cdiplug.telemetry.recorder import Recorder
 
 log = logging.getLogger(__name__)
+
+FIRST_SPEC_WAIT = 1.0  # seconds the first spec waits for the registration (a kubelet may be away)
 
 
 class ServedResource:
@@ -46,6 +51,7 @@ class ServedResource:
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
         self.found = asyncio.Event()  # some snapshot had a device (register_when_empty: false waits for it)
+        self.registered = asyncio.Event()  # the kubelet answered a Register (set by the front end)
         self.registrations = 0
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
@@ -88,6 +94,9 @@ class ServedResource:
         if previous is not None:
             self._log_health_changes(previous, snapshot)
         self._publish()
+        if previous is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.registered.wait(), FIRST_SPEC_WAIT)
         await self._write_spec(snapshot)  # health or topology only: the keeper finds the file current
 
     async def _write_spec(self, snapshot: DeviceSnapshot) -> None:

@@ -31,6 +31,7 @@ from cdiplug.models.world import World
 from cdiplug.node import Node
 from cdiplug.telemetry.metrics import Metrics
 from cdiplug.testing import KubeletStandIn
+from cdiplug.testing.poll import eventually
 from cdiplug.toolkit.supervisor import Supervisor
 from cdiplug_backends.fake import plugin as fake_plugin
 
@@ -263,10 +264,14 @@ async def test_a_failed_cdi_write_is_logged_not_fatal(
     config = config_of(plugins, {"name": A, "backend": "scripted"})
     async for r in start(world, plugins, config, registry):
         assert r.kubelet.capacity(A) == 2  # advertised all the same
-        errors = [
-            rec for rec in caplog.records if rec.levelno == logging.ERROR and "cannot write the CDI spec" in rec.getMessage()
-        ]
-        assert errors and errors[0].resource == A
+
+        def errors() -> list[logging.LogRecord]:
+            return [
+                rec for rec in caplog.records if rec.levelno == logging.ERROR and "cannot write the CDI spec" in rec.getMessage()
+            ]
+
+        await eventually(lambda: errors(), "the failed CDI write logged")  # the spec comes after the registration
+        assert errors()[0].resource == A
         # Allocate tries again and fails clearly.
         pod = await r.kubelet.admit_pod("p", {A: 1})
         assert not pod.admitted

@@ -14,6 +14,7 @@ import attrs
 
 from cdiplug.backend import Abilities
 from cdiplug.cdi.writer import SpecWriter, same_spec
+from cdiplug.deviceplugin import resource
 from cdiplug.deviceplugin.allocator import Allocator
 from cdiplug.deviceplugin.resource import ServedResource
 from cdiplug.deviceplugin.server import ResourceServer
@@ -62,7 +63,7 @@ class RecordingMetrics:
         self.calls.append((resource, healthy, unhealthy))
 
 
-def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
+def served(world: World, replicas: int = 1, registered: bool = True) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
     rc = ResourceConfig(name=RESOURCE, backend="test", options=None, settings=DevicePluginSettings(replicas=replicas))
     holder: list[ResourceServer] = []
     writer = RecordingWriter(world, holder)
@@ -70,7 +71,10 @@ def served(world: World, replicas: int = 1) -> tuple[ServedResource, RecordingWr
     allocator = Allocator(rc, Abilities(), spec=keeper)
     holder.append(ResourceServer(rc.name, rc.socket_name, world.kubelet_dir, allocator))
     metrics = RecordingMetrics()
-    return ServedResource(rc, allocator, holder[0], keeper, metrics), writer, metrics  # type: ignore[arg-type]
+    res = ServedResource(rc, allocator, holder[0], keeper, metrics)  # type: ignore[arg-type]
+    if registered:  # as the front end marks it once the kubelet answered a Register
+        res.registered.set()
+    return res, writer, metrics
 
 
 async def taken(res: ServedResource) -> None:
@@ -101,6 +105,33 @@ async def test_offer_reaches_the_allocator_at_once_and_a_burst_coalesces(world: 
         res.offer(snapshot("a", "b"))  # unchanged: nothing happens
         await taken(res)
         assert len(writer.seen_at_write) == 1 and len(metrics.calls) == 1
+    finally:
+        task.cancel()
+
+
+async def test_the_first_spec_waits_for_the_registration(world: World):
+    res, writer, _ = served(world, registered=False)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    try:
+        res.offer(snapshot("a"))
+        await eventually(lambda: res.server.advertised == snapshot("a"), "published")
+        await asyncio.sleep(0.05)  # a while for a write that must not come before the registration
+        assert writer.seen_at_write == []
+        res.registered.set()
+        await eventually(lambda: len(writer.seen_at_write) == 1, "the spec written once registered")
+        assert (world.cdi_dir / "cdiplug-example.com-fpga.json").exists()
+    finally:
+        task.cancel()
+
+
+async def test_the_first_spec_is_written_without_a_kubelet(world: World, monkeypatch: Any):
+    monkeypatch.setattr(resource, "FIRST_SPEC_WAIT", 0.05)
+    res, writer, _ = served(world, registered=False)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    try:
+        res.offer(snapshot("a"))
+        await eventually(lambda: len(writer.seen_at_write) == 1, "the spec written after the wait")
+        assert not res.registered.is_set()
     finally:
         task.cancel()
 
