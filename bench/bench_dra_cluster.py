@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of a claim's way to a Running pod on the real cluster, cdiplug beside dra-example-driver.
+"""Benchmark of a claim's way to a Running pod on the real cluster, cdiplug beside dra-example-driver and a Python floor.
 
 Needs the one-node cluster of ``hack/local-cluster.sh up`` (root) and the Go reference driver
 built from its v0.4.0 tag (``../shared/peers/dra-example-kubeletplugin.xz``, unpacked to a
@@ -15,19 +15,25 @@ its gpu profile, a process per kind, as its flags are per process):
   ``--gpu-allow-multiple-allocations``);
 - ``partition``: one half of a partitionable device (KEP-4815; the peer with ``--gpu-partitions 2``).
 
+Plain claims have a third side, ``python-floor``: ``bench/floor_dra.py``, the thinnest correct
+Python DRA plugin (a process of its own, 4 devices, driver ``plain.floor.bench.example.com``),
+so that the plain figures show what a Python driver costs at the least beside what cdiplug costs.
+
 A cdiplug DaemonSet on the node would share the CDI folder with the bench's cdiplug, whose start
 removes cdiplug's files that its own state does not know: the bench refuses to run beside one
 (``kubectl delete -k deploy/overlays/...`` first).
 
 For ``--pods`` rounds, a pod with a ResourceClaimTemplate of each kind is made for each side
-(the order alternating), and timed from its creation to Ready (``kubectl wait``), then deleted
+(the order rotating from round to round), and timed from its creation to Ready (``kubectl wait``), then deleted
 (waiting until the kubelet has unprepared it). Figures (one JSON object on stdout):
 
 - ``<kind>_pod_ready_s_p50`` / ``_p90``: claim and pod made -> pod Ready, per side, and cdiplug's
   over the peer's (the floor measured in the same run);
 - ``<kind>_prepare_ms_mean``: NodePrepareResources as the kubelet times it
   (``dra_grpc_operations_duration_seconds`` of its /metrics, sum over count, per driver): the
-  time the driver adds to a pod's start. Goal: cdiplug within 1.1x of the Go driver;
+  time the driver adds to a pod's start. Goal: cdiplug within 1.1x of the Go driver. The plain
+  figures also carry the Python floor's (``python_floor``), ``python_floor_over_go`` and
+  ``cdiplug_over_python_floor`` (no goals: they say how much of the gap is Python's own);
 - ``<kind>_unprepare_ms_mean``: NodeUnprepareResources the same way. Goal: within 1.3x;
 - ``burst_ready_s`` / ``burst_gone_s`` (``--burst`` pods, 50; 0 skips it): that many pods with a
   claim of one device each made at once (one apply) per side, each side in turn on a driver of
@@ -62,7 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "hack" / "local-cluster.sh"
 PEER_XZ = Path(os.environ.get("CDIPLUG_PEERS", REPO.parent / "shared" / "peers")) / "dra-example-kubeletplugin.xz"
 NAMESPACE = "cdiplug-bench"
-OURS, PEER = "cdiplug", "dra-example-driver"
+OURS, PEER, FLOOR = "cdiplug", "dra-example-driver", "python-floor"
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
 KINDS = ("plain", "configured", "shared", "partition")
@@ -84,6 +90,7 @@ DRIVERS = {
         "partition": "part.example.com",
         BURST: "burst.example.com",
     },
+    FLOOR: {"plain": "plain.floor.bench.example.com"},  # bench/floor_dra.py: plain claims only
 }
 PEER_FLAGS = {
     "plain": [],
@@ -110,6 +117,11 @@ OUR_RESOURCES = [
 
 def driver_of(side: str, kind: str) -> str:
     return DRIVERS[side][kind]
+
+
+def sides(kind: str) -> tuple[str, ...]:
+    """The sides that serve ``kind``: cdiplug, the Go driver and, for plain claims, the Python floor."""
+    return tuple(side for side in (OURS, PEER, FLOOR) if kind in DRIVERS[side])
 
 
 def request(side: str, kind: str) -> dict[str, Any]:
@@ -227,8 +239,8 @@ def kubelet_ops(kubeconfig: Path, node: str, operation: str) -> dict[str, tuple[
 
 @contextmanager
 def drivers(kubeconfig: Path, node: str, folder: Path, burst: int) -> Iterator[dict[str, int]]:
-    """cdiplug and the peer running on the node until the block ends; the process IDs of
-    cdiplug and of the peer's burst driver."""
+    """cdiplug, the peer and the Python floor running on the node until the block ends; the
+    process IDs of cdiplug and of the peer's burst driver."""
     peer = folder / "dra-example-kubeletplugin"
     peer.write_bytes(lzma.decompress(PEER_XZ.read_bytes()))
     peer.chmod(0o700)
@@ -249,7 +261,13 @@ def drivers(kubeconfig: Path, node: str, folder: Path, burst: int) -> Iterator[d
         "--cdi-dir", "/var/run/cdi", "--plugins-registry-dir", "/var/lib/kubelet/plugins_registry",
         "--plugins-dir", "/var/lib/kubelet/plugins", "--metrics-address", "127.0.0.1:0",
     ]  # fmt: skip
-    procs = [subprocess.Popen(args, cwd=REPO, **common) for args in [*peers, ours]]  # type: ignore[call-overload]
+    floor = [
+        sys.executable, str(REPO / "bench" / "floor_dra.py"), "--driver-name", DRIVERS[FLOOR]["plain"],
+        "--node-name", node, "--kubeconfig", str(kubeconfig), "--cdi-root", "/var/run/cdi",
+        "--state-dir", str(folder / "floor-state"), "--num-devices", "4",
+        "--plugins-registry-dir", "/var/lib/kubelet/plugins_registry", "--plugins-dir", "/var/lib/kubelet/plugins",
+    ]  # fmt: skip
+    procs = [subprocess.Popen(args, cwd=REPO, **common) for args in [*peers, floor, ours]]  # type: ignore[call-overload]
     try:
         for driver in [d for side in DRIVERS.values() for d in side.values()]:
             try:
@@ -335,6 +353,13 @@ def figure(ours: float, peer: float, goal: float | None) -> dict[str, Any]:
     }
 
 
+def with_python_floor(fig: dict[str, Any], value: float) -> None:
+    """The Python floor's value beside a figure (``floor`` stays the Go driver's) and its two ratios."""
+    fig["python_floor"] = round(value, 4)
+    fig["python_floor_over_go"] = round(value / fig["floor"], 3) if fig["floor"] else float("inf")
+    fig["cdiplug_over_python_floor"] = round(fig["cdiplug"] / value, 3) if value else float("inf")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=10, help="pods per kind and driver (default 10)")
@@ -352,19 +377,20 @@ def main() -> int:
     if kubectl(kubeconfig, "get", "daemonsets", "-A", "-l", "app.kubernetes.io/name=cdiplug", "-o", "name").strip():
         raise SystemExit("a cdiplug DaemonSet runs on the cluster: delete it first (see the docstring)")
     folder = Path(tempfile.mkdtemp(prefix="cdiplug-bench-"))
-    times: dict[tuple[str, str], list[float]] = {(side, kind): [] for side in (OURS, PEER) for kind in args.kinds}
+    times: dict[tuple[str, str], list[float]] = {(side, kind): [] for kind in args.kinds for side in sides(kind)}
     classes = [device_class(d) for side in DRIVERS.values() for d in side.values()]
     try:
         kubectl(kubeconfig, "create", "namespace", NAMESPACE)
         apply(kubeconfig, *classes)
         with drivers(kubeconfig, node, folder, args.burst) as pids:
-            for kind in args.kinds:  # first pods: image and caches warm for both
-                for side in (OURS, PEER):
+            for kind in args.kinds:  # first pods: image and caches warm for every side
+                for side in sides(kind):
                     one_pod(kubeconfig, f"warm-{side}-{kind}", side, kind)
             before = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
             for i in range(args.pods):
                 for kind in args.kinds:
-                    for side in (OURS, PEER) if i % 2 == 0 else (PEER, OURS):
+                    order = sides(kind)
+                    for side in order[i % len(order) :] + order[: i % len(order)]:  # each side first in turn
                         times[(side, kind)].append(one_pod(kubeconfig, f"p{i}-{side}-{kind}", side, kind))
             after = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
             bursts = {side: one_burst(kubeconfig, side, args.burst, pids[side]) for side in (OURS, PEER)} if args.burst else {}
@@ -391,6 +417,12 @@ def main() -> int:
         figures[f"{kind}_pod_ready_s_p90"] = figure(q90(ours), q90(peer), None)
         figures[f"{kind}_prepare_ms_mean"] = figure(mean_ms(PREPARE, OURS, kind), mean_ms(PREPARE, PEER, kind), 1.1)
         figures[f"{kind}_unprepare_ms_mean"] = figure(mean_ms(UNPREPARE, OURS, kind), mean_ms(UNPREPARE, PEER, kind), 1.3)
+        if FLOOR in sides(kind):
+            floor = times[(FLOOR, kind)]
+            with_python_floor(figures[f"{kind}_pod_ready_s_p50"], statistics.median(floor))
+            with_python_floor(figures[f"{kind}_pod_ready_s_p90"], q90(floor))
+            with_python_floor(figures[f"{kind}_prepare_ms_mean"], mean_ms(PREPARE, FLOOR, kind))
+            with_python_floor(figures[f"{kind}_unprepare_ms_mean"], mean_ms(UNPREPARE, FLOOR, kind))
     if bursts:
         figures["burst_ready_s"] = figure(bursts[OURS]["ready"], bursts[PEER]["ready"], 1.1)
         figures["burst_gone_s"] = figure(bursts[OURS]["gone"], bursts[PEER]["gone"], 1.1)
@@ -405,7 +437,10 @@ def main() -> int:
     print(json.dumps(out, indent=1))
     if args.table:
         for name, f in figures.items():
-            print(f"{name:30} cdiplug {f['cdiplug']:>9} dra-example-driver {f['floor']:>9} ratio {f['ratio']}", file=sys.stderr)
+            line = f"{name:30} cdiplug {f['cdiplug']:>9} dra-example-driver {f['floor']:>9} ratio {f['ratio']}"
+            if "python_floor" in f:
+                line += f"  python-floor {f['python_floor']:>9} (/go {f['python_floor_over_go']}, cdiplug/it {f['cdiplug_over_python_floor']})"
+            print(line, file=sys.stderr)
     return 0
 
 

@@ -192,6 +192,82 @@ def test_floor_plugin_imports_nothing_of_cdiplug_but_the_stubs() -> None:
     assert loaded == ["_floor_stubs", "_floor_stubs.deviceplugin_v1beta1_pb2", "_floor_stubs.deviceplugin_v1beta1_pb2_grpc"]
 
 
+def test_floor_dra_imports_nothing_of_cdiplug_but_the_stubs() -> None:
+    """The DRA floor stays thin too: lightkube and grpc, and of cdiplug only its two stub modules."""
+    code = textwrap.dedent(
+        f"""
+        import json, runpy, sys
+        runpy.run_path({str(ROOT / "bench" / "floor_dra.py")!r}, run_name="floor")
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith(("cdiplug", "_floor_stubs")))))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    stubs = ("dra_v1_pb2", "dra_v1_pb2_grpc", "pluginregistration_v1_pb2", "pluginregistration_v1_pb2_grpc")
+    assert loaded == sorted(["_floor_stubs", *(f"_floor_stubs.{s}" for s in stubs)])
+
+
+async def test_floor_dra_publishes_prepares_unprepares_and_cleans_up(tmp_path: Path) -> None:
+    """floor_dra.py against the API-server and kubelet stand-ins: the slice, a claim prepared (its
+    CDI spec and checkpoint written) and unprepared, and on SIGTERM the slice gone and exit 0."""
+    import asyncio
+    import signal
+
+    from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
+    from cdiplug.testing.dra_kubelet import ClaimRef
+
+    driver, node, uid = "floor.example.com", "node-a", "0a1b2c3d-0000-4000-8000-000000000001"
+    cdi, state, registry = tmp_path / "cdi", tmp_path / "state", tmp_path / "registry"
+    cdi.mkdir()
+    async with ApiServerStandIn() as api, DraKubeletStandIn(registry, timeout=20) as kubelet:
+        result = {"request": "dev", "driver": driver, "pool": node, "device": "dev-1"}
+        other = {"request": "dev", "driver": "other.example.com", "pool": node, "device": "x"}
+        api.put_claim(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+                "spec": {},
+                "status": {"allocation": {"devices": {"results": [result, other]}}},
+            }
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "bench" / "floor_dra.py"), "--driver-name", driver, "--node-name", node,
+            "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")), "--cdi-root", str(cdi), "--state-dir", str(state),
+            "--num-devices", "3", "--plugins-registry-dir", str(registry), "--plugins-dir", str(tmp_path / "plugins"),
+        )  # fmt: skip
+        try:
+            conn = await asyncio.wait_for(kubelet.wait_registered(driver), 30)
+            assert conn.info.endpoint == str(tmp_path / "plugins" / driver / "dra.sock")
+            (published,) = api.slices()
+            assert published["spec"]["nodeName"] == node and published["spec"]["pool"]["name"] == node
+            assert [d["name"] for d in published["spec"]["devices"]] == ["dev-0", "dev-1", "dev-2"]
+
+            answer = (await conn.prepare([ClaimRef("ns", "c", uid)]))[uid]
+            assert answer.error == ""
+            (device,) = answer.devices
+            assert (device.request_names, device.pool, device.device) == (("dev",), node, "dev-1")
+            assert device.cdi_ids == (f"k8s.{driver}/device={uid}-dev-1",)
+            (spec_file,) = cdi.iterdir()
+            spec = json.loads(spec_file.read_text())
+            assert spec["kind"] == f"k8s.{driver}/device"
+            assert spec["devices"] == [{"name": f"{uid}-dev-1", "containerEdits": {"env": ["FLOOR_DEVICE_0=dev-1"]}}]
+            assert uid in json.loads((state / "checkpoint.json").read_text())["claims"]
+            wrong = (await conn.prepare([ClaimRef("ns", "c", "another-uid")]))["another-uid"]
+            assert "UID" in wrong.error
+
+            assert await conn.unprepare([ClaimRef("ns", "c", uid)]) == {uid: ""}
+            assert list(cdi.iterdir()) == []
+            assert json.loads((state / "checkpoint.json").read_text())["claims"] == {}
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert api.slices() == []
+        assert not kubelet.socket(driver).exists()
+
+
 def test_bench_pci_scan_reports_the_scan_time() -> None:
     figures = run_bench("bench_pci_scan.py", "--pfs", "4", "--vfs", "8", "--runs", "2")
     assert figures["functions"] == 4 + 4 * 8  # the PFs and their VFs, all scanned
