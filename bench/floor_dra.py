@@ -42,7 +42,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.resource_v1 import Device, ResourcePool, ResourceSliceSpec
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -184,7 +186,15 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     driver, node = args.driver_name, args.node_name
-    kube = AsyncClient(KubeConfig.from_file(args.kubeconfig), field_manager="floor-dra", trust_env=False)
+    config = KubeConfig.from_file(args.kubeconfig).get()
+    assert config is not None and config.user is not None
+    # Idle connections kept as long as Go's clients keep them (httpx's default is 5 s), as cdiplug does.
+    transport = httpx2.AsyncHTTPTransport(
+        verify=verify_cluster(config.cluster, config.user, config.abs_file, trust_env=False),
+        trust_env=False,
+        limits=httpx2.Limits(keepalive_expiry=args.keepalive),
+    )
+    kube = AsyncClient(config, field_manager="floor-dra", trust_env=False, transport=transport)
     name = f"{node}-{driver}"
     body = ResourceSlice(
         metadata=ObjectMeta(name=name),
@@ -237,6 +247,7 @@ def main() -> int:
     parser.add_argument("--num-devices", type=int, default=4)
     parser.add_argument("--plugins-registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"))
     parser.add_argument("--plugins-dir", type=Path, default=Path("/var/lib/kubelet/plugins"))
+    parser.add_argument("--keepalive", type=float, default=90.0, help="seconds an idle API connection is kept")
     asyncio.run(serve(parser.parse_args()))
     return 0
 

@@ -122,6 +122,7 @@ class ApiServerStandIn(FaultSwitches):
         self.drop_taints = drop_taints
         self.port = 0
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request served
+        self.connections = 0  # connections accepted (refused ones not counted)
         self.received: list[Received] = []
         self.forbidden: set[str] = set()  # "<verb> <plural>[/status]" answered 403
         self.stall = False  # accept requests, never answer
@@ -326,6 +327,7 @@ class ApiServerStandIn(FaultSwitches):
             writer.transport.abort()
             return
         self._connections[task] = writer
+        self.connections += 1
         try:
             while True:
                 line = await reader.readline()

@@ -208,9 +208,10 @@ def test_floor_dra_imports_nothing_of_cdiplug_but_the_stubs() -> None:
     assert loaded == sorted(["_floor_stubs", *(f"_floor_stubs.{s}" for s in stubs)])
 
 
-async def test_floor_dra_publishes_prepares_unprepares_and_cleans_up(tmp_path: Path) -> None:
+async def test_floor_dra_publishes_prepares_unprepares_and_cleans_up(short_tmp: Path) -> None:
     """floor_dra.py against the API-server and kubelet stand-ins: the slice, a claim prepared (its
     CDI spec and checkpoint written) and unprepared, and on SIGTERM the slice gone and exit 0."""
+    tmp_path = short_tmp  # its sockets' paths must fit a unix socket address
     import asyncio
     import signal
 

@@ -51,6 +51,20 @@ async def test_token_from_a_kubeconfig(api: ApiServerStandIn, tmp_path: Path) ->
     assert api.received[-1].authorization == f"Bearer {api.token}"
 
 
+@pytest.mark.slow
+async def test_an_idle_connection_is_kept_for_the_next_call(tls_api: ApiServerStandIn, tmp_path: Path) -> None:
+    # Pods that start a few seconds apart: each claim read goes over the connection the last one
+    # left, not through a new TLS handshake (httpx alone closes a connection idle for 5 s).
+    client = LightkubeClient(load_kubeconfig(tls_api.kubeconfig(tmp_path / "kubeconfig", certificate=True)))
+    try:
+        await client.get_node("n1")
+        await asyncio.sleep(6)  # the idle time is what is tested
+        await client.get_node("n1")
+    finally:
+        await client.close()
+    assert tls_api.connections == 1
+
+
 async def test_patch_node_status_sends_a_json_patch(api: ApiServerStandIn, tmp_path: Path) -> None:
     client = LightkubeClient(load_kubeconfig(api.kubeconfig(tmp_path / "kubeconfig")))
     try:
