@@ -177,34 +177,25 @@ def test_bench_breakdown_splits_the_start_gap_into_its_parts() -> None:
     check_missed(figures, result["missed"])
 
 
-def test_floor_plugin_imports_nothing_of_cdiplug_but_the_stubs() -> None:
-    """The floor stays thin: loading it must not run cdiplug's package __init__ files."""
+@pytest.mark.parametrize(
+    ("script", "stubs"),
+    [
+        ("floor_plugin.py", ("deviceplugin_v1beta1_pb2", "deviceplugin_v1beta1_pb2_grpc")),
+        ("floor_dra.py", ("dra_v1_pb2", "dra_v1_pb2_grpc", "pluginregistration_v1_pb2", "pluginregistration_v1_pb2_grpc")),
+    ],
+)
+def test_a_floor_imports_nothing_of_cdiplug_but_its_stubs(script: str, stubs: tuple[str, ...]) -> None:
+    """A floor stays thin: loading it must not run cdiplug's package __init__ files."""
     code = textwrap.dedent(
         f"""
         import json, runpy, sys
-        runpy.run_path({str(ROOT / "bench" / "floor_plugin.py")!r}, run_name="floor")
+        runpy.run_path({str(ROOT / "bench" / script)!r}, run_name="floor")
         print(json.dumps(sorted(m for m in sys.modules if m.startswith(("cdiplug", "_floor_stubs")))))
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert loaded == ["_floor_stubs", "_floor_stubs.deviceplugin_v1beta1_pb2", "_floor_stubs.deviceplugin_v1beta1_pb2_grpc"]
-
-
-def test_floor_dra_imports_nothing_of_cdiplug_but_the_stubs() -> None:
-    """The DRA floor stays thin too: lightkube and grpc, and of cdiplug only its two stub modules."""
-    code = textwrap.dedent(
-        f"""
-        import json, runpy, sys
-        runpy.run_path({str(ROOT / "bench" / "floor_dra.py")!r}, run_name="floor")
-        print(json.dumps(sorted(m for m in sys.modules if m.startswith(("cdiplug", "_floor_stubs")))))
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    stubs = ("dra_v1_pb2", "dra_v1_pb2_grpc", "pluginregistration_v1_pb2", "pluginregistration_v1_pb2_grpc")
     assert loaded == sorted(["_floor_stubs", *(f"_floor_stubs.{s}" for s in stubs)])
 
 
