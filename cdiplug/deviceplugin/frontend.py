@@ -144,6 +144,7 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
             # A node without the hardware shows no `example.com/fpga: 0`: the kubelet hears of the
             # resource once a device is there. Nothing to serve counts as ready meanwhile.
             log.info("%s: no devices found; registering it once one appears (register_when_empty: false)", res.name)
+            res.asked.set()  # no Register before a device: the first spec need not wait for one
             self.recorder.set_ready(res.name, True)
             await res.found.wait()
             self.recorder.set_ready(res.name, False)
@@ -153,10 +154,9 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
             endpoint=res.server.socket_name,
             preferred_allocation=True,
         )
-        await register(self.world.kubelet_socket, registration, timeout=self.register_timeout)
+        await register(self.world.kubelet_socket, registration, timeout=self.register_timeout, asked=res.asked)
         self.recorder.registered(res.name, again=res.registrations > 0)
         res.registrations += 1
-        res.registered.set()
 
     async def _reregister(self, resources: Iterable[ServedResource], reserve: bool = False) -> None:
         """Register again: pending tries are dropped, old streams end first (re-serving if asked)."""

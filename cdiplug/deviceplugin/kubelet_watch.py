@@ -111,7 +111,8 @@ class KubeletWatch:
         deadline = loop.time() + self._max_delay
         while (timeout := min(self._quiet, deadline - loop.time())) > 0:
             try:
-                names |= await asyncio.wait_for(self._batches.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    names |= await self._batches.get()
             except TimeoutError:
                 return
 

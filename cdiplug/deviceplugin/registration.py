@@ -14,6 +14,7 @@ front end's business (``cdiplug.deviceplugin.frontend``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -96,11 +97,13 @@ async def register(
     timeout: float = CALL_TIMEOUT,
     initial_backoff: float = INITIAL_BACKOFF,
     max_backoff: float = MAX_BACKOFF,
+    asked: asyncio.Event | None = None,
 ) -> int:
     """Register, waiting for the kubelet as long as it takes; returns the number of attempts.
 
     Cancel it to stop waiting. A refusal (a bad resource name, an unsupported version) is
-    retried too, with the same backoff, and logged as an error each time it changes.
+    retried too, with the same backoff, and logged as an error each time it changes. ``asked`` is
+    set once the first attempt has ended, answered or not.
     """
     extra = {"resource": registration.resource_name}
     backoff = Backoff(initial_backoff, max_backoff, jitter=JITTER)
@@ -111,7 +114,11 @@ async def register(
     while True:
         attempts += 1
         try:
-            await register_once(kubelet_socket, registration, timeout)
+            try:
+                await register_once(kubelet_socket, registration, timeout)
+            finally:
+                if asked is not None:
+                    asked.set()
         except KubeletNotReady as exc:
             now = time.monotonic()
             if attempts == 1 or now - last_logged >= LOG_EVERY:

@@ -8,9 +8,11 @@ spec on disk (a failure is logged; Allocate asks again and fails clearly). The k
 first, whatever changed: an Allocate that names CDI devices waits for the keeper anyway (it asks
 "is the spec holding these devices on disk" before it answers), so nothing can use a device whose
 spec is not written, and at start-up the kubelet learns the devices without waiting for every
-resource's spec to be built. The first spec even waits until the resource is registered (at most
-:data:`FIRST_SPEC_WAIT`): a spec is rendered in a worker thread, which holds the interpreter in
-slices of milliseconds that the Register calls of every resource would otherwise queue behind.
+resource's spec to be built. The first spec even waits until the kubelet has been asked: the
+resource's first Register call answered or failed (at most :data:`FIRST_SPEC_WAIT`; at once when
+no Register comes before a device does). A spec is rendered in a worker thread, which holds the
+interpreter in slices of milliseconds that the Register calls of every resource would otherwise
+queue behind.
 
 The boundary: this module moves snapshots along one resource's pipeline; when tasks run, register
 and stop is the front end's business (:mod:`cdiplug.deviceplugin.frontend`).
@@ -33,7 +35,7 @@ from cdiplug.telemetry.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
-FIRST_SPEC_WAIT = 1.0  # seconds the first spec waits for the registration (a kubelet may be away)
+FIRST_SPEC_WAIT = 1.0  # seconds the first spec waits for the first Register call (one that hangs)
 
 
 class ServedResource:
@@ -51,7 +53,7 @@ class ServedResource:
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
         self.found = asyncio.Event()  # some snapshot had a device (register_when_empty: false waits for it)
-        self.registered = asyncio.Event()  # the kubelet answered a Register (set by the front end)
+        self.asked = asyncio.Event()  # the first Register call ended, or none is made yet (the front end's)
         self.registrations = 0
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
@@ -95,8 +97,11 @@ class ServedResource:
             self._log_health_changes(previous, snapshot)
         self._publish()
         if previous is None:
+            # asyncio.timeout, not wait_for: a cancel that meets the event being set (the register
+            # task's, cancelled with this one, sets it) must not be lost, or a stop would hang.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.registered.wait(), FIRST_SPEC_WAIT)
+                async with asyncio.timeout(FIRST_SPEC_WAIT):
+                    await self.asked.wait()
         await self._write_spec(snapshot)  # health or topology only: the keeper finds the file current
 
     async def _write_spec(self, snapshot: DeviceSnapshot) -> None:

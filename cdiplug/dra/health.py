@@ -101,7 +101,8 @@ class HealthFeed:
             changed = self._changed
             yield dict(self._health)
             try:
-                await asyncio.wait_for(changed.wait(), self.heartbeat)
+                async with asyncio.timeout(self.heartbeat):
+                    await changed.wait()
             except TimeoutError:
                 pass  # nothing changed: say so again
 

@@ -309,7 +309,8 @@ class ClaimPreparer(ClaimHandler):
         if self._known.is_set() or self.host.latest(self.resource.name) is not None:
             return
         try:
-            await asyncio.wait_for(self._known.wait(), DEVICES_WAIT)
+            async with asyncio.timeout(DEVICES_WAIT):
+                await self._known.wait()
         except TimeoutError:
             pass  # the prepare answers "no devices known yet"
 

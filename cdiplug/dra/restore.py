@@ -65,7 +65,8 @@ class Restorer:
             await self.restore(snapshot)  # the devices are known: restore now rather than wait
             return
         try:
-            await asyncio.wait_for(self._restored.wait(), RESTORE_WAIT)
+            async with asyncio.timeout(RESTORE_WAIT):
+                await self._restored.wait()
         except TimeoutError:
             log.warning("%s: answering a prepare before the start-up restore is done (no devices yet)", self.driver)
 

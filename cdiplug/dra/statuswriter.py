@@ -59,7 +59,8 @@ class StatusWriter:
             while (wanted := self._wanted.get(uid)) is not None:
                 if wanted.answered is not None and not wanted.answered.is_set():
                     with contextlib.suppress(TimeoutError):  # the kubelet's answer first (module docstring)
-                        await asyncio.wait_for(wanted.answered.wait(), ANSWER_WAIT)
+                        async with asyncio.timeout(ANSWER_WAIT):
+                            await wanted.answered.wait()
                 async with self._slots:
                     wanted = self._wanted.pop(uid)  # the latest, taken once it can be written
                     await publish(self.client, self.driver, wanted.namespace, wanted.name, uid, wanted.entries)

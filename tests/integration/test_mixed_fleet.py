@@ -97,7 +97,8 @@ async def test_the_node_label_chooses_the_configuration_live(api: ApiServerStand
         task = asyncio.create_task(daemon.run(handle_signals=False))
         try:
             await kubelet.wait_registered(FPGA, timeout=10)  # fast-fpga from the start: read before anything ran
-            assert kubelet.capacity(FPGA) == 2 and daemon.configuration == "fast-fpga"
+            await kubelet.wait_until(lambda: kubelet.capacity(FPGA) == 2, 10, "the FPGAs listed")
+            assert daemon.configuration == "fast-fpga"
             want = {"cdiplug.dev/example.com.fpga.count": "2", "cdiplug.dev/example.com.fpga.speed": "9"}
             await asyncio.wait_for(api.wait_for(lambda: want.items() <= ours(api).items()), 10)
 

@@ -127,6 +127,27 @@ async def test_register_waits_for_a_kubelet_that_comes_later(short_tmp: Path, ca
     assert any("registered example.com/fpga" in r.getMessage() for r in caplog.records)
 
 
+async def test_asked_is_set_once_the_first_attempt_ended_answered_or_not(short_tmp: Path) -> None:
+    # What the first CDI spec of a resource waits for: no kubelet at all must not hold it back.
+    asked = asyncio.Event()
+    task = asyncio.create_task(register(short_tmp / "kubelet.sock", REG, initial_backoff=5, max_backoff=5, asked=asked))
+    try:
+        await asyncio.wait_for(asked.wait(), 5)  # the missing socket: failed at once, and retried later
+        assert not task.done()
+    finally:
+        task.cancel()
+    servicer = RecordingKubelet()
+    server = await serve_kubelet(short_tmp, servicer)
+    try:
+        answered = asyncio.Event()
+        task = asyncio.create_task(register(short_tmp / "kubelet.sock", REG, asked=answered))
+        await asyncio.wait_for(answered.wait(), 5)
+        assert len(servicer.requests) == 1  # set after the kubelet had the call
+        await asyncio.wait_for(task, 5)
+    finally:
+        await server.stop(None)
+
+
 async def test_register_retries_a_refusal_and_logs_it_once(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
     servicer = RecordingKubelet(refuse="requested API version is not supported")
     server = await serve_kubelet(short_tmp, servicer)

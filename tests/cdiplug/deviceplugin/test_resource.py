@@ -63,7 +63,7 @@ class RecordingMetrics:
         self.calls.append((resource, healthy, unhealthy))
 
 
-def served(world: World, replicas: int = 1, registered: bool = True) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
+def served(world: World, replicas: int = 1, asked: bool = True) -> tuple[ServedResource, RecordingWriter, RecordingMetrics]:
     rc = ResourceConfig(name=RESOURCE, backend="test", options=None, settings=DevicePluginSettings(replicas=replicas))
     holder: list[ResourceServer] = []
     writer = RecordingWriter(world, holder)
@@ -72,8 +72,8 @@ def served(world: World, replicas: int = 1, registered: bool = True) -> tuple[Se
     holder.append(ResourceServer(rc.name, rc.socket_name, world.kubelet_dir, allocator))
     metrics = RecordingMetrics()
     res = ServedResource(rc, allocator, holder[0], keeper, metrics)  # type: ignore[arg-type]
-    if registered:  # as the front end marks it once the kubelet answered a Register
-        res.registered.set()
+    if asked:  # as the front end marks it once the first Register call ended
+        res.asked.set()
     return res, writer, metrics
 
 
@@ -109,29 +109,43 @@ async def test_offer_reaches_the_allocator_at_once_and_a_burst_coalesces(world: 
         task.cancel()
 
 
-async def test_the_first_spec_waits_for_the_registration(world: World):
-    res, writer, _ = served(world, registered=False)
+async def test_the_first_spec_waits_for_the_first_register_call(world: World):
+    res, writer, _ = served(world, asked=False)
     task = asyncio.create_task(res.run_updates(), name="update")
     try:
         res.offer(snapshot("a"))
         await eventually(lambda: res.server.advertised == snapshot("a"), "published")
-        await asyncio.sleep(0.05)  # a while for a write that must not come before the registration
+        await asyncio.sleep(0.05)  # a while for a write that must not come before the Register call
         assert writer.seen_at_write == []
-        res.registered.set()
-        await eventually(lambda: len(writer.seen_at_write) == 1, "the spec written once registered")
+        res.asked.set()
+        await eventually(lambda: len(writer.seen_at_write) == 1, "the spec written once the kubelet was asked")
         assert (world.cdi_dir / "cdiplug-example.com-fpga.json").exists()
     finally:
         task.cancel()
 
 
-async def test_the_first_spec_is_written_without_a_kubelet(world: World, monkeypatch: Any):
+async def test_a_stop_while_the_first_spec_waits_is_not_lost(world: World):
+    # The front end cancels the register and update tasks together; the register task's end sets
+    # the event the updater waits for. The updater must still end, or the daemon's stop hangs.
+    res, _, _ = served(world, asked=False)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    res.offer(snapshot("a"))
+    await eventually(lambda: res.server.advertised == snapshot("a"), "published")
+    await asyncio.sleep(0)  # the updater now waits for the Register call
+    res.asked.set()  # in one turn of the loop: the event's waiter wakes first, then the cancel
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.cancelled()
+
+
+async def test_the_first_spec_does_not_wait_for_a_register_call_that_hangs(world: World, monkeypatch: Any):
     monkeypatch.setattr(resource, "FIRST_SPEC_WAIT", 0.05)
-    res, writer, _ = served(world, registered=False)
+    res, writer, _ = served(world, asked=False)
     task = asyncio.create_task(res.run_updates(), name="update")
     try:
         res.offer(snapshot("a"))
         await eventually(lambda: len(writer.seen_at_write) == 1, "the spec written after the wait")
-        assert not res.registered.is_set()
+        assert not res.asked.is_set()
     finally:
         task.cancel()
 
