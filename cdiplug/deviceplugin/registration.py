@@ -114,11 +114,7 @@ async def register(
     while True:
         attempts += 1
         try:
-            try:
-                await register_once(kubelet_socket, registration, timeout)
-            finally:
-                if asked is not None:
-                    asked.set()
+            await register_once(kubelet_socket, registration, timeout)
         except KubeletNotReady as exc:
             now = time.monotonic()
             if attempts == 1 or now - last_logged >= LOG_EVERY:
@@ -138,4 +134,7 @@ async def register(
                 extra=extra,
             )
             return attempts
+        finally:
+            if asked is not None:
+                asked.set()
         await backoff.sleep()

@@ -9,8 +9,10 @@ their ratio where the floor is measured, a goal and whether it is met); their va
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
+from cdiplug.testing.dra_kubelet import ClaimRef
 
 pytestmark = pytest.mark.slow  # runs the bench scripts: tens of seconds (hack/test.sh --fast leaves it out)
 
@@ -203,11 +208,6 @@ async def test_floor_dra_publishes_prepares_unprepares_and_cleans_up(short_tmp: 
     """floor_dra.py against the API-server and kubelet stand-ins: the slice, a claim prepared (its
     CDI spec and checkpoint written) and unprepared, and on SIGTERM the slice gone and exit 0."""
     tmp_path = short_tmp  # its sockets' paths must fit a unix socket address
-    import asyncio
-    import signal
-
-    from cdiplug.testing import ApiServerStandIn, DraKubeletStandIn
-    from cdiplug.testing.dra_kubelet import ClaimRef
 
     driver, node, uid = "floor.example.com", "node-a", "0a1b2c3d-0000-4000-8000-000000000001"
     cdi, state, registry = tmp_path / "cdi", tmp_path / "state", tmp_path / "registry"
