@@ -18,6 +18,7 @@
 # 6. the multi-node tests on the heterogeneous cluster (hack/local-cluster.sh up --nodes 3: two
 #    containerd nodes and one CRI-O node; the image imported on each, pytest -m multinode, down; on
 #    a failure the tail of every node's kubelet and runtime log and the control plane's).
+# Full runs on one machine take turns (a lock in /var/tmp, CDIPLUG_TEST_LOCK).
 # pytest's "no test collected" (exit 5) is a failure. With PYTEST ARGS only pytest gets them
 # (no checks, no cluster): a quick local run.
 #
@@ -45,6 +46,16 @@ if ((fast)); then
     .venv/bin/python -m pip install -q -e '.[test]'
   fi
 else
+  # One full run at a time on a machine: the clusters' state folder, ports, addresses and the
+  # kubelet's device-plugin folder are the machine's, and `local-cluster.sh up` starts only what is
+  # not running, so a second run would take over the first one's cluster. flock -o: the lock stays
+  # with the flock process, not with the daemons this run starts.
+  lock=${CDIPLUG_TEST_LOCK:-/var/tmp/cdiplug-test.lock}
+  if [[ -z ${CDIPLUG_TEST_LOCKED:-} ]]; then
+    export CDIPLUG_TEST_LOCKED=1
+    flock -n "$lock" true || echo "$0: waiting for the full run that holds $lock" >&2
+    exec flock -o "$lock" "$0" "$@"
+  fi
   apt_install podman runc qemu-system-x86 busybox-static shellcheck iproute2 \
     etcd-server debootstrap containernetworking-plugins curl openssl iptables prometheus
   ensure_venv
