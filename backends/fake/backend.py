@@ -181,10 +181,10 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
             unshared = DeviceSharing(capacity_policies=policies)  # one value for every device, unless shared
             devices = tuple(
                 Device(
-                    id=f"{cls}-{i}",
+                    id=did,
                     numa_nodes=numa[i % len(numa)],
-                    edits=ContainerEdits(env=((f"{prefix}_DEVICE_{i}", f"{cls}-{i}"),)),
-                    attributes=model + tuple(opts.attributes.get(f"{cls}-{i}", {}).items()),
+                    edits=ContainerEdits(env=((f"{prefix}_DEVICE_{i}", did),)),
+                    attributes=model + tuple(opts.attributes.get(did, {}).items()),
                     capacity=capacity,
                     sharing=DeviceSharing(
                         shared=True,
@@ -194,7 +194,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
                     if opts.shared
                     else unshared,
                 )
-                for i in range(opts.count)
+                for i, did in enumerate([f"{cls}-{i}" for i in range(opts.count)])  # one ID string per device
             )
             if opts.partitions and resource.overlapping_devices:  # else whole devices only (they cannot overlap)
                 devices = tuple(

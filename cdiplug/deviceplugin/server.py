@@ -160,9 +160,19 @@ class ResourceServer:
         if advertised == self._advertised:
             return
         self._advertised = advertised
-        self._current = message = self._lists.serialize(advertised)
-        for queue in self._streams:
-            _offer(queue, message)
+        # Serialized when a stream needs it: before the first Register none is open, and the
+        # kubelet hears of the resource sooner when its list is not built ahead of the call.
+        self._current = None
+        if self._streams:
+            message = self._message()
+            for queue in self._streams:
+                _offer(queue, message)
+
+    def _message(self) -> bytes | None:
+        """The advertised list as ListAndWatch sends it, serialized once per published list."""
+        if self._current is None and self._advertised is not None:
+            self._current = self._lists.serialize(self._advertised)
+        return self._current
 
     def end_streams(self) -> None:
         """End every ListAndWatch stream now (status OK), before registering again."""
@@ -172,8 +182,8 @@ class ResourceServer:
 
     def _open_stream(self) -> asyncio.Queue[Any]:
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
-        if self._current is not None:
-            queue.put_nowait(self._current)  # the first message: the full list at once
+        if (message := self._message()) is not None:
+            queue.put_nowait(message)  # the first message: the full list at once
         self._streams.add(queue)
         self._log.debug("ListAndWatch stream opened (%d open)", len(self._streams))
         return queue
