@@ -144,7 +144,6 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
             # A node without the hardware shows no `example.com/fpga: 0`: the kubelet hears of the
             # resource once a device is there. Nothing to serve counts as ready meanwhile.
             log.info("%s: no devices found; registering it once one appears (register_when_empty: false)", res.name)
-            res.asked.set()  # no Register before a device: the first spec need not wait for one
             self.recorder.set_ready(res.name, True)
             await res.found.wait()
             self.recorder.set_ready(res.name, False)

@@ -9,8 +9,8 @@ first, whatever changed: an Allocate that names CDI devices waits for the keeper
 "is the spec holding these devices on disk" before it answers), so nothing can use a device whose
 spec is not written, and at start-up the kubelet learns the devices without waiting for every
 resource's spec to be built. The first spec even waits until the kubelet has been asked: the
-resource's first Register call answered or failed (at most :data:`FIRST_SPEC_WAIT`; at once when
-no Register comes before a device does). A spec is rendered in a worker thread, which holds the
+resource's first Register call answered or failed (at most :data:`FIRST_SPEC_WAIT`; at once for a
+first snapshot without devices, which need not bring a Register: ``register_when_empty: false``). A spec is rendered in a worker thread, which holds the
 interpreter in slices of milliseconds that the Register calls of every resource would otherwise
 queue behind.
 
@@ -53,7 +53,7 @@ class ServedResource:
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
         self.found = asyncio.Event()  # some snapshot had a device (register_when_empty: false waits for it)
-        self.asked = asyncio.Event()  # the first Register call ended, or none is made yet (the front end's)
+        self.asked = asyncio.Event()  # the first Register call ended (the front end's)
         self.registrations = 0
         self.log = logging.LoggerAdapter(log, {"resource": config.name})
 
@@ -96,7 +96,8 @@ class ServedResource:
         if previous is not None:
             self._log_health_changes(previous, snapshot)
         self._publish()
-        if previous is None:
+        if previous is None and snapshot.devices:
+            # (Without devices no Register may come: register_when_empty: false waits for one.)
             # asyncio.timeout, not wait_for: a cancel that meets the event being set (the register
             # task's, cancelled with this one, sets it) must not be lost, or a stop would hang.
             with contextlib.suppress(TimeoutError):

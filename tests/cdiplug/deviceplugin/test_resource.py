@@ -124,6 +124,19 @@ async def test_the_first_spec_waits_for_the_first_register_call(world: World):
         task.cancel()
 
 
+async def test_a_first_snapshot_without_devices_is_written_at_once(world: World, monkeypatch: Any):
+    # No Register may follow it (register_when_empty: false waits for a device): nothing to wait for.
+    monkeypatch.setattr(resource, "FIRST_SPEC_WAIT", 60)
+    res, writer, _ = served(world, asked=False)
+    task = asyncio.create_task(res.run_updates(), name="update")
+    try:
+        res.offer(snapshot())
+        await eventually(lambda: len(writer.seen_at_write) == 1, "the spec of no devices written")
+        assert not res.asked.is_set()
+    finally:
+        task.cancel()
+
+
 async def test_a_stop_while_the_first_spec_waits_is_not_lost(world: World):
     # The front end cancels the register and update tasks together; the register task's end sets
     # the event the updater waits for. The updater must still end, or the daemon's stop hangs.
