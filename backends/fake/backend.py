@@ -179,6 +179,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
             capacity = {name: c.value for name, c in opts.capacity.items()}
             policies = {name: p for name, c in opts.capacity.items() if (p := c.policy) is not None}
             unshared = DeviceSharing(capacity_policies=policies)  # one value for every device, unless shared
+            ids = [f"{cls}-{i}" for i in range(opts.count)]  # one string per device: its ID and its env value
             devices = tuple(
                 Device(
                     id=did,
@@ -194,7 +195,7 @@ class FakeBackend(Backend, ClaimConfigurable[FakeClaimConfig], NodeChecker):
                     if opts.shared
                     else unshared,
                 )
-                for i, did in enumerate([f"{cls}-{i}" for i in range(opts.count)])  # one ID string per device
+                for i, did in enumerate(ids)
             )
             if opts.partitions and resource.overlapping_devices:  # else whole devices only (they cannot overlap)
                 devices = tuple(

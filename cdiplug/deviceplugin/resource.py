@@ -10,9 +10,9 @@ first, whatever changed: an Allocate that names CDI devices waits for the keeper
 spec is not written, and at start-up the kubelet learns the devices without waiting for every
 resource's spec to be built. The first spec even waits until the kubelet has been asked: the
 resource's first Register call answered or failed (at most :data:`FIRST_SPEC_WAIT`; at once for a
-first snapshot without devices, which need not bring a Register: ``register_when_empty: false``). A spec is rendered in a worker thread, which holds the
-interpreter in slices of milliseconds that the Register calls of every resource would otherwise
-queue behind.
+first snapshot without devices, which need not bring a Register: ``register_when_empty: false``).
+A spec is rendered in a worker thread, which holds the interpreter in slices of milliseconds that
+the Register calls of every resource would otherwise queue behind.
 
 The boundary: this module moves snapshots along one resource's pipeline; when tasks run, register
 and stop is the front end's business (:mod:`cdiplug.deviceplugin.frontend`).
@@ -97,7 +97,7 @@ class ServedResource:
             self._log_health_changes(previous, snapshot)
         self._publish()
         if previous is None and snapshot.devices:
-            # (Without devices no Register may come: register_when_empty: false waits for one.)
+            # Only with devices: without, no Register may come (register_when_empty: false).
             # asyncio.timeout, not wait_for: a cancel that meets the event being set (the register
             # task's, cancelled with this one, sets it) must not be lost, or a stop would hang.
             with contextlib.suppress(TimeoutError):

@@ -24,7 +24,7 @@ def test_a_second_full_run_waits_for_the_lock_and_does_nothing_meanwhile(tmp_pat
             assert run.stderr is not None
             line = run.stderr.readline()
             assert f"waiting for the full run that holds {lock}" in line
-            # Still waiting on the lock: nothing installed, nothing checked, nothing printed since.
+            # Still waiting on the lock (flock has not started the run yet).
             assert run.poll() is None
         finally:
             run.kill()
