@@ -48,18 +48,19 @@ def health_path(folder: Path, resource: str) -> Path:
 
 def write_config(folder: Path, names: Sequence[str], devices: int, numa_nodes: int) -> Path:
     """A cdiplug configuration: each name a fake resource of ``devices`` devices over NUMA nodes
-    0..numa_nodes-1, with a health file."""
+    0..numa_nodes-1, with a health file. Written as the Helm chart writes it: JSON in
+    ``config.yaml`` (a YAML configuration costs the daemon PyYAML's import, see README)."""
     (folder / "health").mkdir(exist_ok=True)
-    nodes = ", ".join(str(n) for n in range(numa_nodes))
-    lines = ["resources:"]
-    for name in names:
-        lines += [
-            f"  - name: {name}",
-            "    backend: fake",
-            f"    options: {{count: {devices}, numa_nodes: [{nodes}], health_file: {health_path(folder, name)}}}",
-        ]
+    resources = [
+        {
+            "name": name,
+            "backend": "fake",
+            "options": {"count": devices, "numa_nodes": list(range(numa_nodes)), "health_file": str(health_path(folder, name))},
+        }
+        for name in names
+    ]
     path = folder / "config.yaml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(json.dumps({"resources": resources}, indent=2) + "\n")
     return path
 
 

@@ -144,6 +144,65 @@ def test_yaml_reads_as_pyyaml_does_with_libyamls_parser() -> None:
         assert load_yaml(text, "doc") == yaml.load(text, Loader=yaml.SafeLoader), text[:80]
 
 
+# JSON documents: what the Helm chart renders, and JSON that YAML 1.1 reads otherwise.
+JSON_DOCUMENTS = {
+    "chart": '{\n  "resources": [\n    {\n      "backend": "fake",\n      "name": "example.com/fpga",\n      "options": {\n        "count": 2\n      }\n    }\n  ]\n}\n',
+    "compact": '{"resources":[{"name":"a.io/x","options":{"count":2,"numa_nodes":[0,1],"ratio":0.5,"neg":-1.25,"z":-0}}],"node_labels":false,"n":null,"s":"a\\"b\\\\c\\/d\\n\\t"}',
+    "empty": "{}",
+    "with-crlf": '{\r\n  "a": [true, false, null],\r\n  "b": {"c": {"d": []}}\r\n}\r\n',
+}
+JSON_LEFT_TO_YAML = {  # JSON, but only the YAML reader knows what YAML makes of it: (text, its data or error)
+    "exponent": ('{"a": 1e3, "b": 1.5E+2}', {"a": "1e3", "b": 150.0}),  # YAML 1.1 wants a dot and a sign
+    "escape": ('{"a": "\\u00e9 \\u003c"}', {"a": "\u00e9 <"}),
+    "non-ascii": ('{"a": "\u00e9"}', {"a": "\u00e9"}),
+    "nan": ('{"a": NaN}', {"a": "NaN"}),
+    "tab-indent": ('{\n\t"a": 1\n}', {"a": 1}),  # libyaml takes it, PyYAML's own scanner does not
+    "surrogates": ('{"a": "\\ud83d\\ude00"}', "found invalid Unicode character escape code"),
+    "del": ('{"a": "x\x7fy"}', "control characters are not allowed"),
+    "duplicate": ('{"a": 1,\n "a": 2}', "duplicate key 'a' (first at line 1, again at line 2)"),
+    "deep": ('{"a": ' + "[" * 100 + "]" * 100 + "}", "nested more than 64 levels deep"),
+    "huge-int": ('{"a": ' + "9" * 100 + "}", "integer of 100 characters"),
+    "truncated": ('{"a": [1, 2}', "not valid YAML at line 1"),
+}
+
+
+def test_json_documents_are_read_without_pyyaml_and_as_pyyaml_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from cdiplug.toolkit import safeload
+
+    def outcome(text: str) -> object:
+        try:
+            return load_yaml(text, "doc")
+        except InputError as exc:
+            return exc.message
+
+    by_json = {text: outcome(text) for text in [*JSON_DOCUMENTS.values(), *(t for t, _ in JSON_LEFT_TO_YAML.values())]}
+    for name, text in JSON_DOCUMENTS.items():
+        assert safeload._as_json(text) is not safeload._NOT_JSON, name  # the JSON reader took it
+        assert by_json[text] == yaml.load(text, Loader=yaml.SafeLoader), name
+    for name, (text, expected) in JSON_LEFT_TO_YAML.items():
+        assert safeload._as_json(text) is safeload._NOT_JSON, name
+        assert by_json[text] == expected if isinstance(expected, dict) else expected in str(by_json[text]), name
+    monkeypatch.setattr(safeload, "_as_json", lambda text: safeload._NOT_JSON)
+    assert by_json == {text: outcome(text) for text in by_json}  # the YAML reader alone: the same
+
+
+def test_a_json_configuration_is_read_without_importing_pyyaml(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "config.yaml"
+    path.write_text(JSON_DOCUMENTS["chart"])
+    script = (
+        "import sys; from cdiplug.config import load_config; "
+        f"config = load_config({str(path)!r}); "
+        "print(config.resources[0].name, 'yaml' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["example.com/fpga", "False"]
+
+
 @pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
 def test_the_bounds_hold_with_either_parser(monkeypatch: pytest.MonkeyPatch, libyaml: bool) -> None:
     import yaml
