@@ -9,8 +9,9 @@ script splits cdiplug's excess into parts, each measured here the same way, one 
 - imports alone, each set in a fresh ``python -c`` (exec -> imported, the garbage collector off,
   minimum of ``--runs``): what the floor imports; that plus the libraries cdiplug's house rules
   require before it can register (attrs for its value objects, cattrs for the one configuration
-  converter, PyYAML for the YAML configuration); and everything ``cdiplug serve`` with the fake
-  backend has imported when it registers. Their differences are the libraries' and cdiplug's own
+  converter; PyYAML only for a configuration that is not JSON, and the bench's is JSON, as the
+  Helm chart's); and everything ``cdiplug serve`` with the fake backend has imported when it
+  registers. Their differences are the libraries' and cdiplug's own
   import costs; what is left of the start gap is start-up work (the collector's passes over all
   that was loaded, reading the configuration, starting backends and servers, registering);
 - Python heap (``tracemalloc``, after a full collection) and RSS of the same import sets.
@@ -37,7 +38,7 @@ import bench_daemon
 import harness as h
 
 FLOOR = ["asyncio", "argparse", "logging", "grpc", "grpc.aio", "cdiplug.api.deviceplugin_v1beta1_pb2_grpc"]
-LIBRARIES = ["attrs", "cattrs", "yaml"]
+LIBRARIES = ["attrs", "cattrs"]
 # What `cdiplug serve` with the fake backend has imported when it registers (the CDI builder comes
 # later, in the spec writer's thread).
 CDIPLUG = ["cdiplug.cli.serve", "cdiplug.daemon", "cdiplug_backends.fake.backend"]
