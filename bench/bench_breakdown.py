@@ -11,9 +11,9 @@ script splits cdiplug's excess into parts, each measured here the same way, one 
   require before it can register (attrs for its value objects, cattrs for the one configuration
   converter; PyYAML only for a configuration that is not JSON, and the bench's is JSON, as the
   Helm chart's); and everything ``cdiplug serve`` with the fake backend has imported when it
-  registers. Their differences are the libraries' and cdiplug's own
-  import costs; what is left of the start gap is start-up work (the collector's passes over all
-  that was loaded, reading the configuration, starting backends and servers, registering);
+  registers. Their differences are the libraries' and cdiplug's own import costs; what is left of
+  the start gap is start-up work (the collector's passes over all that was loaded, reading the
+  configuration, starting backends and servers, registering);
 - Python heap (``tracemalloc``, after a full collection) and RSS of the same import sets.
 
 The figure to read is ``start_ratio_with_libraries_alone``: the floor's start plus the required

@@ -23,6 +23,7 @@ import yaml
 from cdiplug.cli import build_parser
 from cdiplug.config import parse_config
 from cdiplug.models.resource import Api
+from cdiplug.toolkit.safeload import _NOT_JSON, _as_json
 
 from .chart import CHART, EXAMPLES, find, helm, one, template
 from .test_manifests import Daemon, assert_round_trips
@@ -37,7 +38,9 @@ def daemon_of(objects: list[dict[str, Any]], where: str) -> Daemon:
     (container,) = pod["containers"]
     flags = dict(a.removeprefix("--").split("=", 1) for a in container["args"][1:])
     config_map = one(objects, "ConfigMap", next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v))
-    data = yaml.safe_load(config_map["data"]["config.yaml"])
+    text = config_map["data"]["config.yaml"]
+    assert _as_json(text) is not _NOT_JSON, f"{where}: the daemon would need PyYAML to read the ConfigMap's configuration"
+    data = yaml.safe_load(text)
     return Daemon(objects, daemonset, pod, container, flags, parse_config(data, where))
 
 

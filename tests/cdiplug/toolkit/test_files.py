@@ -183,7 +183,10 @@ def test_json_documents_are_read_without_pyyaml_and_as_pyyaml_reads_them(monkeyp
         assert by_json[text] == yaml.load(text, Loader=yaml.SafeLoader), name
     for name, (text, expected) in JSON_LEFT_TO_YAML.items():
         assert safeload._as_json(text) is safeload._NOT_JSON, name
-        assert by_json[text] == expected if isinstance(expected, dict) else expected in str(by_json[text]), name
+        if isinstance(expected, dict):
+            assert by_json[text] == expected, name
+        else:
+            assert expected in str(by_json[text]), name
     monkeypatch.setattr(safeload, "_as_json", lambda text: safeload._NOT_JSON)
     assert by_json == {text: outcome(text) for text in by_json}  # the YAML reader alone: the same
 
