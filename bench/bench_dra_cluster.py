@@ -42,6 +42,13 @@ For ``--pods`` rounds, a pod with a ResourceClaimTemplate of each kind is made f
 - ``burst_rss_mib``: the driver process's ``VmRSS`` after the burst (cdiplug's one process; the
   peer's process of the burst driver), and ``burst_rss_growth_mib`` over its RSS before it.
 
+``--profile`` also samples cdiplug's process and the Python floor's with py-spy while the pods are
+made (``bench/spy.py``) and adds ``profile``: each one's sampled time per call (prepares and
+unprepares together, the background work of the run included) by owner (the cdiplug module or
+floor function a sample was in, with the libraries it called), by piece of work (the task or
+worker function) and by library. py-spy's CPU comes from the same cores: a profiled run's
+timings are not the figures.
+
 ``CDIPLUG_BENCH_KEEP=1`` keeps the temporary folder (the drivers' log, cdiplug's state).
 
 Run: ``sudo python bench/bench_dra_cluster.py [--pods 10] [--kinds plain shared ...] [--table]``.
@@ -50,6 +57,7 @@ Run: ``sudo python bench/bench_dra_cluster.py [--pods 10] [--kinds plain shared 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import lzma
 import os
@@ -63,6 +71,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import spy
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "hack" / "local-cluster.sh"
@@ -240,7 +250,7 @@ def kubelet_ops(kubeconfig: Path, node: str, operation: str) -> dict[str, tuple[
 @contextmanager
 def drivers(kubeconfig: Path, node: str, folder: Path, burst: int) -> Iterator[dict[str, int]]:
     """cdiplug, the peer and the Python floor running on the node until the block ends; the
-    process IDs of cdiplug and of the peer's burst driver."""
+    process IDs of cdiplug, of the Python floor and of the peer's burst driver."""
     peer = folder / "dra-example-kubeletplugin"
     peer.write_bytes(lzma.decompress(PEER_XZ.read_bytes()))
     peer.chmod(0o700)
@@ -275,7 +285,7 @@ def drivers(kubeconfig: Path, node: str, folder: Path, burst: int) -> Iterator[d
             except SystemExit:
                 print((folder / "drivers.log").read_text()[-3000:], file=sys.stderr)
                 raise
-        yield {OURS: procs[-1].pid, PEER: procs[list(DRIVERS[PEER]).index(BURST)].pid}
+        yield {OURS: procs[-1].pid, FLOOR: procs[-2].pid, PEER: procs[list(DRIVERS[PEER]).index(BURST)].pid}
     finally:
         for p in procs:
             p.terminate()
@@ -285,6 +295,29 @@ def drivers(kubeconfig: Path, node: str, folder: Path, burst: int) -> Iterator[d
             except subprocess.TimeoutExpired:
                 p.kill()
         common["stderr"].close()
+
+
+# py-spy's samples per second: at 1000 its reads of the processes took more system CPU than both
+# drivers, and every call slowed by half
+PROFILE_RATE = 200
+
+
+@contextmanager
+def profiled(on: bool, folder: Path, pids: dict[str, int]) -> Iterator[dict[str, Path]]:
+    """With ``on``, cdiplug and the Python floor sampled by py-spy until the block ends: each
+    side's raw profile; else nothing."""
+    with contextlib.ExitStack() as stack:
+        yield {
+            side: stack.enter_context(spy.record(pids[side], folder / f"{side}.spy", PROFILE_RATE))
+            for side in (OURS, FLOOR)
+            if on
+        }
+
+
+def profile_figures(raw: dict[str, Path], calls: dict[str, int]) -> dict[str, Any]:
+    """Each profiled side's sampled time per call, by owner, piece of work and library (``bench/spy.py``)."""
+    own = {OURS: None, FLOOR: "floor_dra"}
+    return {side: spy.summarize(path, PROFILE_RATE, calls[side], own_functions=own[side]) for side, path in raw.items()}
 
 
 def wait_slice(kubeconfig: Path, driver: str, timeout: float = 60) -> None:
@@ -305,6 +338,14 @@ def one_pod(kubeconfig: Path, name: str, side: str, kind: str) -> float:
     kubectl(kubeconfig, "delete", "pod", name, "-n", NAMESPACE, "--wait=true", "--timeout=90s", timeout=100)
     kubectl(kubeconfig, "delete", "resourceclaimtemplate", name, "-n", NAMESPACE, "--wait=true", timeout=60)
     return took
+
+
+def calls_of(before: dict[str, dict[str, tuple[float, int]]], after: dict[str, dict[str, tuple[float, int]]],
+             op: str, side: str, kind: str) -> int:  # fmt: skip
+    """How many ``op`` calls the kubelet made to ``side``'s driver of ``kind`` between the two readings."""
+    if kind not in DRIVERS[side]:
+        return 0
+    return after[op].get(driver_of(side, kind), (0.0, 0))[1] - before[op].get(driver_of(side, kind), (0.0, 0))[1]
 
 
 def rss_mib(pid: int) -> float:
@@ -366,6 +407,7 @@ def main() -> int:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="claims to time (default: all)")
     parser.add_argument("--burst", type=int, default=50, help="pods made at once per side in the burst (default 50; 0: none)")
     parser.add_argument("--table", action="store_true", help="a human table on stderr too")
+    parser.add_argument("--profile", action="store_true", help="sample cdiplug and the Python floor with py-spy (bench/spy.py)")
     args = parser.parse_args()
     env = dict(
         line.removeprefix("export ").split("=", 1)
@@ -377,6 +419,7 @@ def main() -> int:
     if kubectl(kubeconfig, "get", "daemonsets", "-A", "-l", "app.kubernetes.io/name=cdiplug", "-o", "name").strip():
         raise SystemExit("a cdiplug DaemonSet runs on the cluster: delete it first (see the docstring)")
     folder = Path(tempfile.mkdtemp(prefix="cdiplug-bench-"))
+    profile: dict[str, Any] = {}
     times: dict[tuple[str, str], list[float]] = {(side, kind): [] for kind in args.kinds for side in sides(kind)}
     classes = [device_class(d) for side in DRIVERS.values() for d in side.values()]
     try:
@@ -387,12 +430,19 @@ def main() -> int:
                 for side in sides(kind):
                     one_pod(kubeconfig, f"warm-{side}-{kind}", side, kind)
             before = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
-            for i in range(args.pods):
-                for kind in args.kinds:
-                    order = sides(kind)
-                    for side in order[i % len(order) :] + order[: i % len(order)]:  # each side first in turn
-                        times[(side, kind)].append(one_pod(kubeconfig, f"p{i}-{side}-{kind}", side, kind))
+            with profiled(args.profile, folder, pids) as raw:
+                for i in range(args.pods):
+                    for kind in args.kinds:
+                        order = sides(kind)
+                        for side in order[i % len(order) :] + order[: i % len(order)]:  # each side first in turn
+                            times[(side, kind)].append(one_pod(kubeconfig, f"p{i}-{side}-{kind}", side, kind))
             after = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
+            if raw:
+                calls = {
+                    side: sum(calls_of(before, after, op, side, kind) for op in (PREPARE, UNPREPARE) for kind in args.kinds)
+                    for side in raw
+                }
+                profile = profile_figures(raw, calls)
             bursts = {side: one_burst(kubeconfig, side, args.burst, pids[side]) for side in (OURS, PEER)} if args.burst else {}
     finally:
         kubectl(kubeconfig, "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=150)
@@ -434,6 +484,8 @@ def main() -> int:
         "figures": figures,
         "missed": [k for k, f in figures.items() if f["met"] is False],
     }
+    if profile:
+        out["profile"] = profile
     print(json.dumps(out, indent=1))
     if args.table:
         for name, f in figures.items():
@@ -441,6 +493,11 @@ def main() -> int:
             if "python_floor" in f:
                 line += f"  python-floor {f['python_floor']:>9} (/go {f['python_floor_over_go']}, cdiplug/it {f['cdiplug_over_python_floor']})"
             print(line, file=sys.stderr)
+        for side, summary in profile.items():
+            print(f"{side}: {summary['ms_per_call']} ms sampled per call ({summary['calls']} calls)", file=sys.stderr)
+            for view in ("by_owner_ms", "by_work_ms"):
+                for name, ms in summary[view].items():
+                    print(f"  {view[3:-3]:5} {name:60} {ms:8.3f} ms", file=sys.stderr)
     return 0
 
 
