@@ -4,8 +4,8 @@
 are made. py-spy reads a process's stacks without stopping it (``--nonblocking``), so the process
 runs as it would without it; but py-spy's own CPU is taken from the same cores, so a profiled
 run's timings are not a bench's figures. A thread is sampled while it is runnable: running, or
-woken and waiting for a core (on a busy two-core node that wait is part of a call's time too).
-A thread asleep in ``epoll``, ``fsync`` or a lock is not.
+woken and waiting for a core (on a busy two-core node that wait is part of a call's time too),
+in Python or in a system call it made. A thread asleep, in ``epoll`` or on a lock, is not.
 
 Each sample is charged three times:
 
