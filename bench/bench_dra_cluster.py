@@ -340,12 +340,15 @@ def one_pod(kubeconfig: Path, name: str, side: str, kind: str) -> float:
     return took
 
 
-def calls_of(before: dict[str, dict[str, tuple[float, int]]], after: dict[str, dict[str, tuple[float, int]]],
-             op: str, side: str, kind: str) -> int:  # fmt: skip
-    """How many ``op`` calls the kubelet made to ``side``'s driver of ``kind`` between the two readings."""
+def between(before: dict[str, dict[str, tuple[float, int]]], after: dict[str, dict[str, tuple[float, int]]],
+            op: str, side: str, kind: str) -> tuple[float, int]:  # fmt: skip
+    """Seconds and count of the ``op`` calls the kubelet made to ``side``'s driver of ``kind``
+    between two readings of :func:`kubelet_ops` (none when the side does not serve the kind)."""
     if kind not in DRIVERS[side]:
-        return 0
-    return after[op].get(driver_of(side, kind), (0.0, 0))[1] - before[op].get(driver_of(side, kind), (0.0, 0))[1]
+        return 0.0, 0
+    s0, c0 = before[op].get(driver_of(side, kind), (0.0, 0))
+    s1, c1 = after[op].get(driver_of(side, kind), (0.0, 0))
+    return s1 - s0, c1 - c0
 
 
 def rss_mib(pid: int) -> float:
@@ -439,7 +442,7 @@ def main() -> int:
             after = {op: kubelet_ops(kubeconfig, node, op) for op in (PREPARE, UNPREPARE)}
             if raw:
                 calls = {
-                    side: sum(calls_of(before, after, op, side, kind) for op in (PREPARE, UNPREPARE) for kind in args.kinds)
+                    side: sum(between(before, after, op, side, kind)[1] for op in (PREPARE, UNPREPARE) for kind in args.kinds)
                     for side in raw
                 }
                 profile = profile_figures(raw, calls)
@@ -453,9 +456,8 @@ def main() -> int:
             print(f"kept {folder}", file=sys.stderr)
 
     def mean_ms(op: str, side: str, kind: str) -> float:
-        s0, c0 = before[op].get(driver_of(side, kind), (0.0, 0))
-        s1, c1 = after[op].get(driver_of(side, kind), (0.0, 0))
-        return 1000 * (s1 - s0) / max(1, c1 - c0)
+        seconds, count = between(before, after, op, side, kind)
+        return 1000 * seconds / max(1, count)
 
     def q90(values: list[float]) -> float:
         return statistics.quantiles(values, n=10)[8] if len(values) >= 2 else values[0]

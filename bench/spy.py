@@ -51,7 +51,7 @@ def py_spy() -> str:
 
 
 @contextlib.contextmanager
-def record(pid: int, out: Path, rate: int = 1000) -> Iterator[Path]:
+def record(pid: int, out: Path, rate: int) -> Iterator[Path]:
     """Sample ``pid`` at ``rate`` Hz until the block ends; the raw stacks land in ``out``."""
     argv = [py_spy(), "record", "--pid", str(pid), "--rate", str(rate), "--nonblocking", "--threads"]
     argv += ["--format", "raw", "--output", str(out)]
