@@ -431,7 +431,9 @@ class AdmissionRejected(AssertionError):
 # the daemon to hand over without a gap (the new pod registering before the old one leaves, a
 # maxSurge rollout, which the daemon's fixed socket names do not allow today). Only that refusal
 # is expected to fail here; anything else (a holder losing its device, a DRA pod not starting,
-# a timeout) fails the test.
+# a timeout) fails the test. A DRA pod bound in that gap does start, but late: its first prepare
+# meets no driver (the old socket gone, the new one not yet registered) and the kubelet tries again
+# on its own schedule, seen here 86-90 s later; the pod's wait (180 s) allows for that.
 @pytest.mark.xfail(
     raises=AdmissionRejected, strict=False, reason="kubelet refuses device-plugin pods bound during the daemon's swap"
 )
@@ -524,11 +526,13 @@ def test_rolling_update_keeps_every_device_and_starts_every_new_pod(clean: Clust
         env = c.env(n)
         assert (status["containerID"], env.get("FAKE_FPGA_DEVICES") or env.get("FAKE_ACCEL_DEVICES")) == before[n], n
         assert status["restartCount"] == 0 and status["ready"]
-    assert len(delays) >= 3, delays
-    longest = max(delays, key=lambda d: d[1])
+    # The load met the update: three pods at least were made during it, started or (the known gap
+    # below) refused; a refused one counts, it is the update's window the load was meant to meet.
+    assert len(delays) + len(rejected) >= 3, (delays, rejected)
     print(
-        f"rolling update over {len(c.nodes)} nodes took {took:.1f} s; {len(delays)} pods started during it, "
-        f"the longest after {longest[1]:.1f} s ({longest[0]} on {longest[2]}); all: "
+        f"rolling update over {len(c.nodes)} nodes took {took:.1f} s; {len(delays)} pods started during it"
+        + (f", {len(rejected)} refused" if rejected else "")
+        + ": "
         + ", ".join(f"{n} {d:.1f}s@{node}" for n, d, node in delays)
     )
     if rejected:
