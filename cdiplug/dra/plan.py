@@ -123,6 +123,9 @@ class Planner:
     async def again(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> ClaimPlan:
         """The plan of a completed claim prepared again as its record has it (restore: its device
         metadata name the pod's claim as written then); DeviceUnavailable when a device it names is gone."""
+        if not record.device_metadata and self.metadata_dir is not None:
+            # Prepared without device metadata (the setting was off then): so again, as unprepare removes none.
+            return await attrs.evolve(self, metadata_dir=None).again(record, snapshot)
         pod_claim = None
         if self.metadata_dir is not None:
             pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.metadata_dir, record)
@@ -182,6 +185,7 @@ class Planner:
             claim.configs,
             self.boot_id,
             self.instance,
+            device_metadata=self.metadata_dir is not None,
         )
 
 

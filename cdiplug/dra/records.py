@@ -102,6 +102,9 @@ class PreparedClaim:
     boot_id: str | None = attrs.field(default=None, metadata=lenient(lambda v: v is None or 0 < len(v) <= 64))
     # The pod UID of the instance that started preparing it; "": one instance only (a start rolls it back).
     owner: str = attrs.field(default="", metadata=lenient(lambda v: len(v) <= 64))
+    # Prepared with ``device_metadata: true``: files below the kubelet's plugins folder to remove.
+    # A record without it (an earlier cdiplug's) may have them.
+    device_metadata: bool = attrs.field(default=True, metadata=lenient())
 
     @property
     def completed(self) -> bool:

@@ -49,9 +49,9 @@ async def undo(
     step: Callable[[Step, str], Any] = _no_step,
     plugins_dir: Path | None = None,
 ) -> None:
-    """Remove the claim's device metadata (below ``plugins_dir``, whatever the setting is now: it
-    may have been on when the claim was prepared) and spec, release its devices through the host,
-    forget the claim: in that order.
+    """Remove the claim's device metadata (below ``plugins_dir``, if the claim was prepared with
+    them, whatever the setting is now) and spec, release its devices through the host, forget the
+    claim: in that order.
 
     A device another claim of the checkpoint still names (admin access, a shared device) stays
     prepared. Raises (keeping the record) when the backend cannot release.
@@ -67,7 +67,7 @@ async def undo(
 
 
 async def _remove_metadata(record: PreparedClaim, plugins_dir: Path) -> None:
-    if not record.devices:
+    if not record.devices or not record.device_metadata:
         return
     try:
         metadata.check_names(record.namespace, record.name, record.driver)

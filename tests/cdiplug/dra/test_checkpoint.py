@@ -142,6 +142,19 @@ async def test_a_state_folder_not_made_yet_is_made_private(tmp_path: Path) -> No
     assert (tmp_path / "new" / "state").stat().st_mode & 0o777 == 0o700
 
 
+def test_whether_a_claim_had_device_metadata_is_kept_and_read_leniently() -> None:
+    without = attrs.evolve(PREPARED, device_metadata=False)
+    assert parse(render({UID: without})) == {UID: without}
+    for stored in ("absent", None, "no"):  # an earlier cdiplug (which may have written some), or not ours
+        data = json.loads(render({UID: without}))
+        if stored == "absent":
+            del data["claims"][UID]["device_metadata"]
+        else:
+            data["claims"][UID]["device_metadata"] = stored
+        assert parse(json.dumps(data).encode()) == {UID: PREPARED}
+        assert PREPARED.device_metadata is True  # so an unprepare looks for them
+
+
 async def test_store_survives_a_restart(tmp_path: Path) -> None:
     store = ClaimStore(tmp_path)
     await store.load()

@@ -283,6 +283,44 @@ async def test_without_device_metadata_no_file_and_no_mount(config: Config, dra_
         assert not (dra_world.plugins_dir / DRIVER / "dra-device-metadata").exists()
 
 
+async def test_device_metadata_follow_the_setting_each_claim_was_prepared_with(
+    config: Config, dra_world: World, api: ApiServerStandIn
+) -> None:
+    # The setting may change between a claim's prepare and its unprepare (an upgrade, a new
+    # config): a claim prepared with metadata has them removed at its unprepare with the setting
+    # off, and one prepared without gets none when it is prepared again with the setting on.
+    resources = [
+        attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, device_metadata=True)),
+        *config.resources[1:],
+    ]
+    with_metadata = attrs.evolve(config, resources=tuple(resources))
+    folders = dra_world.plugins_dir / DRIVER / "dra-device-metadata"
+    spec_2 = dra_world.cdi_dir / f"cdiplug-claim-{UID2}.json"
+    async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet:
+        async with running_daemon(with_metadata, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            await slices_settle(api, lambda s: len(s) == 1)
+            one = api.put_claim(claim(UID1, [("fpga", "fpga-1")], name="with"))
+            assert (await conn.prepare([ref_of(one)]))[UID1].error == ""
+        assert (folders / "default_with" / "fpga" / "metadata.json").exists()
+        async with running_daemon(config, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            assert await conn.unprepare([ref_of(one)]) == {UID1: ""}
+            assert not (folders / "default_with").exists()
+            two = api.put_claim(claim(UID2, [("fpga", "fpga-0")], name="without"))
+            assert (await conn.prepare([ref_of(two)]))[UID2].error == ""
+        record = json.loads((dra_world.state_dir / "dra-claims.json").read_text())["claims"][UID2]
+        assert record["device_metadata"] is False
+        written = spec_2.read_bytes()
+        wipe(dra_world.cdi_dir)
+        async with running_daemon(with_metadata, dra_world):
+            conn = await asyncio.wait_for(kubelet.wait_registered(DRIVER), 10)
+            await asyncio.wait_for(spec_appears(spec_2), 10)
+            assert spec_2.read_bytes() == written  # no mounts added
+            assert not (folders / "default_without").exists()
+            assert await conn.unprepare([ref_of(two)]) == {UID2: ""}
+
+
 async def test_a_template_claims_metadata_survives_a_wiped_cdi_folder(
     config: Config, dra_world: World, api: ApiServerStandIn
 ) -> None:
