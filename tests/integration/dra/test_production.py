@@ -64,6 +64,15 @@ def boot(world: World, boot_id: str) -> None:
     path.write_text(boot_id + "\n")
 
 
+def with_device_metadata(config: Config) -> Config:
+    """``config`` with ``device_metadata: true`` on its first resource (the DRA one)."""
+    first = config.resources[0]
+    return attrs.evolve(
+        config,
+        resources=(attrs.evolve(first, settings=attrs.evolve(first.settings, device_metadata=True)), *config.resources[1:]),
+    )
+
+
 async def test_a_wiped_cdi_folder_gets_the_claim_specs_back_at_start(
     config: Config, dra_world: World, api: ApiServerStandIn
 ) -> None:
@@ -230,11 +239,7 @@ async def test_a_failed_prepare_writes_ready_false_and_unprepare_clears_it(
 async def test_device_metadata_is_written_mounted_and_removed(config: Config, dra_world: World, api: ApiServerStandIn) -> None:
     # device_metadata: true (KEP-5304): one metadata.json per request under the driver's plugin
     # folder, bind-mounted read-only by the claim's spec into the devices of that request.
-    resources = [
-        attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, device_metadata=True)),
-        *config.resources[1:],
-    ]
-    with_metadata = attrs.evolve(config, resources=tuple(resources))
+    with_metadata = with_device_metadata(config)
     stray = dra_world.plugins_dir / DRIVER / "dra-device-metadata" / "default_gone" / "fpga"
     stray.mkdir(parents=True)
     (stray / "metadata.json").write_text("{}")
@@ -289,11 +294,7 @@ async def test_device_metadata_follow_the_setting_each_claim_was_prepared_with(
     # The setting may change between a claim's prepare and its unprepare (an upgrade, a new
     # config): a claim prepared with metadata has them removed at its unprepare with the setting
     # off, and one prepared without gets none when it is prepared again with the setting on.
-    resources = [
-        attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, device_metadata=True)),
-        *config.resources[1:],
-    ]
-    with_metadata = attrs.evolve(config, resources=tuple(resources))
+    with_metadata = with_device_metadata(config)
     folders = dra_world.plugins_dir / DRIVER / "dra-device-metadata"
     spec_2 = dra_world.cdi_dir / f"cdiplug-claim-{UID2}.json"
     async with DraKubeletStandIn(dra_world.plugins_registry_dir) as kubelet:
@@ -326,11 +327,7 @@ async def test_a_template_claims_metadata_survives_a_wiped_cdi_folder(
 ) -> None:
     # A claim made from a template is found in the container by its pod claim name (the
     # annotation); after a reboot wipes the CDI folder, the spec comes back mounting the same.
-    resources = [
-        attrs.evolve(config.resources[0], settings=attrs.evolve(config.resources[0].settings, device_metadata=True)),
-        *config.resources[1:],
-    ]
-    with_metadata = attrs.evolve(config, resources=tuple(resources))
+    with_metadata = with_device_metadata(config)
     spec_file = dra_world.cdi_dir / f"cdiplug-claim-{UID1}.json"
     generated = claim(UID1, [("fpga", "fpga-0")], name="pod-a-accel-x7k2p")
     generated["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "accel"}
