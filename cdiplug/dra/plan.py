@@ -123,11 +123,8 @@ class Planner:
     async def again(self, record: PreparedClaim, snapshot: DeviceSnapshot) -> ClaimPlan:
         """The plan of a completed claim prepared again as its record has it (restore: its device
         metadata name the pod's claim as written then); DeviceUnavailable when a device it names is gone."""
-        if not record.device_metadata and self.metadata_dir is not None:
-            # Prepared without device metadata (the setting was off then): so again, as unprepare removes none.
-            return await attrs.evolve(self, metadata_dir=None).again(record, snapshot)
         pod_claim = None
-        if self.metadata_dir is not None:
+        if self.metadata_dir is not None and record.device_metadata:
             pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.metadata_dir, record)
         gone = [d.device for d in record.devices if snapshot.get(d.device_id) is None]
         if gone:
@@ -140,8 +137,9 @@ class Planner:
         return self._with_metadata(ClaimPlan(record, claim, wanted, shapes, snapshot), pod_claim)  # type: ignore[arg-type]
 
     def _with_metadata(self, plan: ClaimPlan, pod_claim: str | None) -> ClaimPlan:
-        # Refuses names no path may hold (InvalidRequest): before any side effect.
-        if self.metadata_dir is None:
+        # Refuses names no path may hold (InvalidRequest): before any side effect. A claim keeps
+        # the setting it was prepared with (its record says), as its unprepare does.
+        if self.metadata_dir is None or not plan.record.device_metadata:
             return plan
         by_device = metadata.mounts(self.metadata_dir, plan.record, pod_claim)
         mounts = {entry_name(d): by_device[d.device] for d in plan.record.devices if d.device in by_device}  # shares: by entry

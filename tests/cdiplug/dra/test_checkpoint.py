@@ -94,28 +94,28 @@ def test_round_trip_of_both_states_and_configs() -> None:
     assert parse(render({UID: PREPARED, "u2": completed})) == {UID: PREPARED, "u2": completed}
 
 
-def test_the_boot_id_is_kept_and_read_leniently() -> None:
-    booted = attrs.evolve(PREPARED, boot_id="7d3c5e1a-0000-4000-8000-000000000001")
-    assert parse(render({UID: booted})) == {UID: booted}
-    for stored in ("absent", None, 7, "", "x" * 65):  # an earlier cdiplug, or not ours: unknown, claim kept
-        data = json.loads(render({UID: booted}))
+# A field an earlier cdiplug did not write, or a value not ours, reads as the field's default and
+# keeps the claim: the boot ID unknown, no owner, device metadata that may be there (so an
+# unprepare looks for them).
+@pytest.mark.parametrize(
+    ("field", "kept", "unusable"),
+    [
+        ("boot_id", "7d3c5e1a-0000-4000-8000-000000000001", ("absent", None, 7, "", "x" * 65)),
+        ("owner", "aaaaaaaa-0000-4000-8000-000000000001", ("absent", None, 7, "x" * 65)),
+        ("device_metadata", False, ("absent", None, "no")),
+    ],
+)
+def test_a_claims_lenient_fields_are_kept_and_read_leniently(field: str, kept: object, unusable: tuple[object, ...]) -> None:
+    claim = attrs.evolve(PREPARED, **{field: kept})
+    assert parse(render({UID: claim})) == {UID: claim}
+    for stored in unusable:
+        data = json.loads(render({UID: claim}))
         if stored == "absent":
-            del data["claims"][UID]["boot_id"]
+            del data["claims"][UID][field]
         else:
-            data["claims"][UID]["boot_id"] = stored
+            data["claims"][UID][field] = stored
         assert parse(json.dumps(data).encode()) == {UID: PREPARED}
-
-
-def test_the_owner_is_kept_and_read_leniently() -> None:
-    owned = attrs.evolve(PREPARED, owner="aaaaaaaa-0000-4000-8000-000000000001")
-    assert parse(render({UID: owned})) == {UID: owned}
-    for stored in ("absent", None, 7, "x" * 65):  # an earlier cdiplug, or not ours: no owner, claim kept
-        data = json.loads(render({UID: owned}))
-        if stored == "absent":
-            del data["claims"][UID]["owner"]
-        else:
-            data["claims"][UID]["owner"] = stored
-        assert parse(json.dumps(data).encode()) == {UID: PREPARED}
+    assert (PREPARED.boot_id, PREPARED.owner, PREPARED.device_metadata) == (None, "", True)
 
 
 async def test_locked_holds_off_the_other_daemon_and_reads_its_changes(tmp_path: Path) -> None:
@@ -140,19 +140,6 @@ async def test_a_state_folder_not_made_yet_is_made_private(tmp_path: Path) -> No
     await store.load()
     await store.put(PREPARED)
     assert (tmp_path / "new" / "state").stat().st_mode & 0o777 == 0o700
-
-
-def test_whether_a_claim_had_device_metadata_is_kept_and_read_leniently() -> None:
-    without = attrs.evolve(PREPARED, device_metadata=False)
-    assert parse(render({UID: without})) == {UID: without}
-    for stored in ("absent", None, "no"):  # an earlier cdiplug (which may have written some), or not ours
-        data = json.loads(render({UID: without}))
-        if stored == "absent":
-            del data["claims"][UID]["device_metadata"]
-        else:
-            data["claims"][UID]["device_metadata"] = stored
-        assert parse(json.dumps(data).encode()) == {UID: PREPARED}
-        assert PREPARED.device_metadata is True  # so an unprepare looks for them
 
 
 async def test_store_survives_a_restart(tmp_path: Path) -> None:
