@@ -143,11 +143,13 @@ class DevicePluginFrontEnd(FrontEndBase[BackendHost]):
         if not settings_of(res.config).register_when_empty and not res.found.is_set():
             # A node without the hardware shows no `example.com/fpga: 0`: the kubelet hears of the
             # resource once a device is there. Nothing to serve counts as ready meanwhile.
-            log.info("%s: no devices found; registering it once one appears (register_when_empty: false)", res.name)
             self.recorder.set_ready(res.name, True)
-            await res.found.wait()
+            await res.reported.wait()  # before the backend's first snapshot, "no devices" is not known
+            if not res.found.is_set():
+                log.info("%s: no devices found; registering it once one appears (register_when_empty: false)", res.name)
+                await res.found.wait()
+                log.info("%s: a device appeared; registering", res.name)
             self.recorder.set_ready(res.name, False)
-            log.info("%s: a device appeared; registering", res.name)
         registration = Registration(
             resource_name=res.name,
             endpoint=res.server.socket_name,

@@ -52,6 +52,7 @@ class ServedResource:
         self.pending: DeviceSnapshot | None = None
         self.applied: DeviceSnapshot | None = None
         self.wake = asyncio.Event()
+        self.reported = asyncio.Event()  # the backend sent its first snapshot
         self.found = asyncio.Event()  # some snapshot had a device (register_when_empty: false waits for it)
         self.asked = asyncio.Event()  # the first Register call ended (the front end's)
         self.registrations = 0
@@ -76,6 +77,7 @@ class ServedResource:
         # function, say) answers from the news; the updater then writes the spec and publishes.
         self.allocator.update(snapshot)
         self.pending = snapshot
+        self.reported.set()
         if snapshot.devices:
             self.found.set()
         self.wake.set()

@@ -6,12 +6,14 @@ from a kubeconfig). Covers: the label cdiplug.dev/config read before anything st
 change switching the node's resources live (no restart); an unknown name keeping the last good
 configuration with a ConfigurationError Event; the label removed giving ``default``; the
 cdiplug.dev/ labels following the resources; a health change as an Event; a resource without
-devices not registered unless ``register_when_empty: true``, and registered once a device appears.
+devices not registered unless ``register_when_empty: true``, and registered once a device appears
+(logged as such; a resource whose first snapshot has devices logs neither line).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -176,7 +178,8 @@ class NoOptions:
     pass
 
 
-async def test_a_resource_without_devices_registers_once_one_appears(world: World) -> None:
+async def test_a_resource_without_devices_registers_once_one_appears(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="cdiplug.deviceplugin.frontend")
     LateBackend.created = []
     plugins = PluginRegistry({"late": BackendPlugin("late", NoOptions, LateBackend), "fake": fake_plugin})
     config = parse_config(
@@ -199,10 +202,15 @@ async def test_a_resource_without_devices_registers_once_one_appears(world: Worl
             await kubelet.wait_registered("example.com/empty")  # told to: registered with nothing
             assert kubelet.capacity("example.com/empty") == 0
             assert not kubelet.is_registered("example.com/late")
+            assert "example.com/late: no devices found; registering it once one appears" in caplog.text
+            # Its devices came in the backend's first snapshot: no "no devices" guessed before it.
+            assert f"{FPGA}: no devices found" not in caplog.text
+            assert f"{FPGA}: a device appeared" not in caplog.text
             (backend,) = LateBackend.created
             backend.arrive()
             await kubelet.wait_registered("example.com/late")
             assert kubelet.capacity("example.com/late") == 1
+            assert "example.com/late: a device appeared; registering" in caplog.text
             assert supervisor.failure is None
         finally:
             await node.stop()
