@@ -2,7 +2,7 @@
 """Benchmark of a claim's way to a Running pod on the real cluster, cdiplug beside dra-example-driver and a Python floor.
 
 Needs the one-node cluster of ``hack/local-cluster.sh up`` (root) and the Go reference driver
-built from its v0.4.0 tag (``../shared/peers/dra-example-kubeletplugin.xz``, unpacked to a
+built from its v0.4.0 tag (``$CDIPLUG_PEERS/dra-example-kubeletplugin.xz``, unpacked to a
 temporary folder). Both drivers run as host processes on the node, side by side, with the same
 kubeconfig, the real kubelet's plugin folders and ``/var/run/cdi``, each kind of claim under a
 driver name of its own on each side (cdiplug: one process, a fake resource per kind; the peer:

@@ -1,4 +1,4 @@
-"""The README and docs/: every link inside the repository resolves, every page says what it is for,
+"""The README, docs/ and bench/README.md: every link inside the repository resolves, every page says what it is for,
 and no page speaks of the project's tracker or of a test kit outside the repository (the
 developers' page describes the kit as something a developer brings, by its variable)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "bench" / "README.md", *(REPO / "docs").glob("*.md")])
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HISTORY = re.compile(r"closing note|\bissue \d+|\bissues? #\d+|\bround \d\b|#\d{2}\b", re.IGNORECASE)
 
