@@ -32,6 +32,7 @@ from cdiplug.models.resource import ResourceConfig
 from cdiplug.models.world import World
 from cdiplug.node import Node
 from cdiplug.testing import ApiServerStandIn, KubeletStandIn
+from cdiplug.testing.poll import eventually
 from cdiplug.toolkit.supervisor import Supervisor
 from cdiplug_backends.fake import plugin as fake_plugin
 
@@ -202,7 +203,9 @@ async def test_a_resource_without_devices_registers_once_one_appears(world: Worl
             await kubelet.wait_registered("example.com/empty")  # told to: registered with nothing
             assert kubelet.capacity("example.com/empty") == 0
             assert not kubelet.is_registered("example.com/late")
-            assert "example.com/late: no devices found; registering it once one appears" in caplog.text
+            await eventually(
+                lambda: "example.com/late: no devices found; registering it once one appears" in caplog.text, "the log line"
+            )
             # Its devices came in the backend's first snapshot: no "no devices" guessed before it.
             assert f"{FPGA}: no devices found" not in caplog.text
             assert f"{FPGA}: a device appeared" not in caplog.text
