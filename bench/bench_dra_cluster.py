@@ -367,7 +367,7 @@ def claims_left(kubeconfig: Path, prefix: str) -> int:
 
 def one_burst(kubeconfig: Path, side: str, pods: int, pid: int) -> dict[str, float]:
     """``pods`` pods with a claim each, made at once: seconds to all Ready, and from the delete
-    to all gone with their claims unprepared and removed; the driver's RSS before and after."""
+    to all gone with their claims unprepared and removed; the driver's RSS before and after (MiB)."""
     rss_before = rss_mib(pid)
     objects = [o for i in range(pods) for o in claim_pod(f"burst-{side}-{i}", side, BURST)]
     for o in objects:
@@ -385,7 +385,7 @@ def one_burst(kubeconfig: Path, side: str, pods: int, pid: int) -> dict[str, flo
         time.sleep(0.1)
     gone = time.monotonic() - started
     kubectl(kubeconfig, "delete", "resourceclaimtemplate", "-l", f"cdiplug-bench-burst={side}", "-n", NAMESPACE, "--wait=true")
-    return {"ready": ready, "gone": gone, "rss": rss_mib(pid), "rss_growth": rss_mib(pid) - rss_before}
+    return {"ready": ready, "gone": gone, "rss_before": rss_before, "rss": rss_mib(pid)}
 
 
 def two_bursts_each(kubeconfig: Path, pods: int, pids: dict[str, int]) -> dict[str, dict[str, Any]]:
@@ -400,7 +400,7 @@ def two_bursts_each(kubeconfig: Path, pods: int, pids: dict[str, int]) -> dict[s
             "ready": statistics.mean(r["ready"] for r in two),
             "gone": statistics.mean(r["gone"] for r in two),
             "rss": two[-1]["rss"],
-            "rss_growth": two[-1]["rss"] - (two[0]["rss"] - two[0]["rss_growth"]),  # over the RSS before the first
+            "rss_growth": two[-1]["rss"] - two[0]["rss_before"],
             "each": [(round(r["ready"], 3), round(r["gone"], 3)) for r in two],
         }
         for side, two in runs.items()

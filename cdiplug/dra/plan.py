@@ -124,8 +124,8 @@ class Planner:
         """The plan of a completed claim prepared again as its record has it (restore: its device
         metadata name the pod's claim as written then); DeviceUnavailable when a device it names is gone."""
         pod_claim = None
-        if self.metadata_dir is not None and record.device_metadata:
-            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, self.metadata_dir, record)
+        if (folder := self._metadata_dir_of(record)) is not None:
+            pod_claim = await asyncio.to_thread(metadata.written_pod_claim, folder, record)
         gone = [d.device for d in record.devices if snapshot.get(d.device_id) is None]
         if gone:
             raise DeviceUnavailable(f"{self.driver}: claim {record.uid} names devices this node no longer has: {', '.join(gone)}")
@@ -136,14 +136,19 @@ class Planner:
         shapes = {n: attrs.evolve(s, prepare=d.prepared) for n, s, d in zip(wanted, shapes.values(), record.devices)}
         return self._with_metadata(ClaimPlan(record, claim, wanted, shapes, snapshot), pod_claim)  # type: ignore[arg-type]
 
+    def _metadata_dir_of(self, record: PreparedClaim) -> Path | None:
+        """Where the claim's device metadata go; None without. A claim keeps the setting it was
+        prepared with (its record says), as its unprepare does."""
+        return self.metadata_dir if record.device_metadata else None
+
     def _with_metadata(self, plan: ClaimPlan, pod_claim: str | None) -> ClaimPlan:
-        # Refuses names no path may hold (InvalidRequest): before any side effect. A claim keeps
-        # the setting it was prepared with (its record says), as its unprepare does.
-        if self.metadata_dir is None or not plan.record.device_metadata:
+        # Refuses names no path may hold (InvalidRequest): before any side effect.
+        folder = self._metadata_dir_of(plan.record)
+        if folder is None:
             return plan
-        by_device = metadata.mounts(self.metadata_dir, plan.record, pod_claim)
+        by_device = metadata.mounts(folder, plan.record, pod_claim)
         mounts = {entry_name(d): by_device[d.device] for d in plan.record.devices if d.device in by_device}  # shares: by entry
-        return attrs.evolve(plan, metadata_dir=self.metadata_dir, mounts=mounts, pod_claim=pod_claim)
+        return attrs.evolve(plan, metadata_dir=folder, mounts=mounts, pod_claim=pod_claim)
 
     def _record(self, claim: AllocatedClaim, wanted: Mapping[str, Device], shapes: Mapping[str, Configured]) -> PreparedClaim:
         """The PrepareStarted record: every device the claim will touch, as the answer will name it."""
